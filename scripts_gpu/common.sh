@@ -1,0 +1,69 @@
+# shellcheck shell=bash
+# Shared by the scripts_gpu launchers (sourced, never run): XLA flags, Python, small helpers.
+
+# --- XLA flags: the one place they are set ------------------------------------------------
+# Recommended by the Pax GPU README, minus the flags current XLA no longer knows:
+#   --xla_gpu_enable_async_all_gather / --xla_gpu_enable_async_reduce_scatter (and
+#   _async_all_reduce) were deleted in openxla/xla#11422 (April 2024); async collectives
+#   have been on by default since. jax 0.10's XLA aborts on them ("Unknown flag in
+#   XLA_FLAGS"), as maxtext#645 and paxml#80 found; opt out per op with
+#   --xla_gpu_disable_async_collectives=allgather,reducescatter instead.
+# --xla_gpu_* flags are parsed (and ignored) on CPU too, so they are set on every platform:
+# a flag that a future XLA drops then fails the CPU tests instead of the first GPU run.
+# Override the whole block with BASE_XLA_FLAGS (empty disables it); anything already in
+# XLA_FLAGS is kept and comes last, so it wins.
+BASE_XLA_FLAGS=${BASE_XLA_FLAGS-"--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"}
+export XLA_FLAGS="${BASE_XLA_FLAGS} ${XLA_FLAGS:-}"
+# Pax's default; JAX alone preallocates 75% of GPU memory.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
+# -------------------------------------------------------------------------------------------
+
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck disable=SC2034  # used by the scripts that source this file
+MAIN_PY="${REPO_DIR}/main.py"
+
+# $PYTHON if set, else the clone's virtual environment, else python3 on PATH.
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "${REPO_DIR}/.venv/bin/python" ]]; then
+    PYTHON="${REPO_DIR}/.venv/bin/python"
+  else
+    PYTHON=python3
+  fi
+fi
+
+die() {
+  echo "$(basename "$0"): error: $*" >&2
+  exit 2
+}
+
+# EXPERIMENT=GPT5B -> experiments.GPT5B; a dotted name (my_pkg.exps.MyGPT) is used as is.
+fdl_config() {
+  case "$1" in
+    *.*) echo "$1" ;;
+    *) echo "experiments.$1" ;;
+  esac
+}
+
+require_positive_int() {  # NAME VALUE
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"
+}
+
+require_number() {  # NAME VALUE; PERCORE_BATCH_SIZE may be fractional (0.5 with TP=2)
+  [[ "$2" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || die "$1 must be a number, got '$2'"
+}
+
+# Local paths are checked here for a one-line error; URLs (gs://...) are left to main.py.
+require_dir() {  # NAME PATH
+  [[ "$2" == *://* || -d "$2" ]] || die "$1 '$2' is not a directory"
+}
+
+require_file() {  # NAME PATH
+  [[ "$2" == *://* || -f "$2" ]] || die "$1 '$2' is not a file"
+}
+
+# On CPU (laptops, CI) fake NUM devices so the mesh [NUM,1,1] fits; GPUs are real devices.
+fake_cpu_devices() {  # NUM
+  if [[ "${JAX_PLATFORMS:-}" == cpu && "${XLA_FLAGS}" != *xla_force_host_platform_device_count* ]]; then
+    export XLA_FLAGS="${XLA_FLAGS} --xla_force_host_platform_device_count=$1"
+  fi
+}
