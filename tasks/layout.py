@@ -1,0 +1,85 @@
+"""Where the datasets live under a `data_dir` (the Pax `TFDS_DATA_DIR`).
+
+    <data_dir>/pile/train/00.jsonl.zst ... 29.jsonl.zst   (any *.jsonl.zst or *.jsonl)
+    <data_dir>/pile/val.jsonl.zst
+    <data_dir>/pile/test.jsonl.zst
+    <data_dir>/lambada/lambada_test.jsonl
+
+Each function returns the path(s) or raises DataError naming what is missing and
+the command that downloads it, so a wrong `--data_dir` fails before any model is
+built.
+"""
+
+from pathlib import Path
+
+from tasks.errors import DataError
+
+PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"
+LAMBADA_DOWNLOAD = "python scripts_gpu/download_lambada.py --data_dir {data_dir}"
+
+
+def pile_train_files(data_dir) -> list[Path]:
+    """All train shards under <data_dir>/pile/train, sorted by name."""
+    train_dir = Path(data_dir) / "pile" / "train"
+    if not train_dir.is_dir():
+        raise DataError(
+            f"{train_dir} does not exist; download The Pile with "
+            f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
+        )
+    # Both compressed and plain jsonl are accepted so that a user can drop in an
+    # already-decompressed shard or a custom corpus with a `text` field.
+    files = sorted(
+        p
+        for p in train_dir.iterdir()
+        if p.is_file() and (p.name.endswith(".jsonl.zst") or p.name.endswith(".jsonl"))
+    )
+    if not files:
+        raise DataError(
+            f"{train_dir} has no *.jsonl.zst or *.jsonl files; download The Pile with "
+            f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}`"
+        )
+    return files
+
+
+def _split_file(data_dir, split: str) -> Path:
+    pile_dir = Path(data_dir) / "pile"
+    for name in (f"{split}.jsonl.zst", f"{split}.jsonl"):
+        if (pile_dir / name).is_file():
+            return pile_dir / name
+    raise DataError(
+        f"{pile_dir / (split + '.jsonl.zst')} does not exist; download it with "
+        f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`"
+    )
+
+
+def pile_val_file(data_dir) -> Path:
+    """The Pile validation split, <data_dir>/pile/val.jsonl.zst (or .jsonl)."""
+    return _split_file(data_dir, "val")
+
+
+def pile_test_file(data_dir) -> Path:
+    """The Pile test split, <data_dir>/pile/test.jsonl.zst (or .jsonl)."""
+    return _split_file(data_dir, "test")
+
+
+def lambada_file(data_dir) -> Path:
+    """The Lambada test set, <data_dir>/lambada/lambada_test.jsonl."""
+    path = Path(data_dir) / "lambada" / "lambada_test.jsonl"
+    if not path.is_file():
+        raise DataError(
+            f"{path} does not exist; download it with "
+            f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
+        )
+    return path
+
+
+def default_cache_dir(files) -> Path:
+    """Where prepared (tokenized) shards of `files` go by default: <data_dir>/pile/tokenized.
+
+    Train shards live in pile/train and the val/test splits in pile/, so both map
+    to the same pile/tokenized root (each file set gets its own hashed subdir).
+    """
+    parent = Path(files[0]).resolve().parent
+    if parent.name == "train":
+        parent = parent.parent
+    return parent / "tokenized"

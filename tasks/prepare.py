@@ -1,0 +1,316 @@
+"""Tokenize raw Pile-format files once into memory-mappable token shards.
+
+    python -m tasks.prepare --data_dir=DIR --vocab_path=P [--workers=N]
+
+For a set of source files and a vocabulary, the cache directory is
+
+    <cache_root>/<key>/                  key = hash(vocab bytes, source names+sizes+mtimes)
+        000-00.jsonl.zst.tokens.npy      [num_tokens] uint16 (uint32 if vocab > 65536): each
+                                         document's ids followed by EOS, documents in file order
+        000-00.jsonl.zst.docs.npy        [num_docs] int64: end offset (exclusive) of each document
+        000-00.jsonl.zst.json            per-file counts; written last, so it marks the file done
+        manifest.json                    the whole set; written when every file is done
+
+Every file is written under a temporary name and os.replace'd into place, so an
+interrupted prepare never leaves a half shard; rerunning resumes with the files
+that are not done yet (a Pile shard takes a while). Several processes preparing
+the same set at once is safe (same bytes, atomic renames), only wasteful: for
+multi-host runs, prepare once on shared storage before launching.
+"""
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import flags, logging
+
+from tasks import layout
+from tasks.errors import DataError
+from tasks.pile import ReadStats, iter_documents
+from tasks.vocab import Vocabulary, load_vocabulary
+
+FORMAT_VERSION = 1
+_NPY_HEADER_BYTES = 128  # fixed, so the final shape can be written over the placeholder
+_ENCODE_BATCH_DOCS = 256
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+class _NpyAppender:
+    """Write a 1-D .npy of unknown final length by appending, atomically at close()."""
+
+    def __init__(self, path: Path, dtype: np.dtype):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        self.count = 0
+        self.f = open(self.tmp, "wb")
+        self.f.write(self._header(0))
+
+    def _header(self, n: int) -> bytes:
+        text = repr({"descr": self.dtype.str, "fortran_order": False, "shape": (n,)})
+        prefix = b"\x93NUMPY\x01\x00"
+        body_len = _NPY_HEADER_BYTES - len(prefix) - 2
+        body = text.encode("latin1").ljust(body_len - 1) + b"\n"
+        return prefix + body_len.to_bytes(2, "little") + body
+
+    def append(self, arr: np.ndarray) -> None:
+        self.f.write(np.ascontiguousarray(arr, self.dtype).tobytes())
+        self.count += len(arr)
+
+    def close(self) -> None:
+        self.f.seek(0)
+        self.f.write(self._header(self.count))
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@dataclasses.dataclass
+class PreparedFile:
+    source: str
+    tokens_path: Path
+    docs_path: Path
+    num_tokens: int
+    num_docs: int
+
+    def tokens(self) -> np.ndarray:
+        """[num_tokens] memory-mapped token ids (EOS after each document)."""
+        return np.load(self.tokens_path, mmap_mode="r")
+
+    def doc_ends(self) -> np.ndarray:
+        """[num_docs] int64 exclusive end offset of each document in tokens()."""
+        return np.load(self.docs_path, mmap_mode="r")
+
+
+def cache_key(files, vocab: Vocabulary) -> str:
+    """Hash of everything the shards depend on: vocab bytes, source names, sizes, mtimes."""
+    h = hashlib.sha256()
+    h.update(f"v{FORMAT_VERSION}\n{vocab.sha256}\n".encode())
+    for path in files:
+        st = os.stat(path)
+        h.update(f"{Path(path).name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:20]
+
+
+def _stem(index: int, path) -> str:
+    return f"{index:03d}-{Path(path).name}"
+
+
+# Shared progress slots (bytes of each source file read so far), set by the pool initializer.
+_progress = None
+
+
+def _init_worker(progress) -> None:
+    global _progress
+    _progress = progress
+
+
+def _prepare_one(
+    index: int, source: str, out_dir: str, vocab: Vocabulary, num_threads: int
+) -> dict:
+    """Tokenize one source file into its .tokens.npy/.docs.npy/.json; returns its counts."""
+    out = Path(out_dir)
+    stem = _stem(index, source)
+    stats = ReadStats(source)
+    eos = vocab.eos_id
+    tokens = _NpyAppender(out / f"{stem}.tokens.npy", token_dtype(vocab.vocab_size))
+    docs = _NpyAppender(out / f"{stem}.docs.npy", np.int64)
+    try:
+        batch: list[str] = []
+
+        def flush():
+            encoded = vocab.encode_batch(batch, num_threads=num_threads)
+            flat: list[int] = []
+            ends = np.empty(len(encoded), np.int64)
+            for i, ids in enumerate(encoded):
+                flat.extend(ids)
+                flat.append(eos)
+                ends[i] = len(flat)
+            docs.append(ends + tokens.count)
+            tokens.append(np.asarray(flat))
+            batch.clear()
+            if _progress is not None:
+                _progress[index] = stats.bytes_read
+
+        for text in iter_documents(source, stats):
+            batch.append(text)
+            if len(batch) >= _ENCODE_BATCH_DOCS:
+                flush()
+        if batch:
+            flush()
+    except BaseException:
+        tokens.abort()
+        docs.abort()
+        raise
+    docs.close()
+    tokens.close()
+    info = {
+        "source": source,
+        "tokens": tokens.path.name,
+        "docs": docs.path.name,
+        "num_tokens": tokens.count,
+        "num_docs": docs.count,
+        "skipped_lines": stats.skipped,
+        "summary": stats.summary(),
+    }
+    _write_json_atomic(out / f"{stem}.json", info)
+    return info
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _progress_bar(progress, sizes: list[int], stop: threading.Event) -> None:
+    total = max(sum(sizes), 1)
+    start = time.time()
+    while not stop.wait(0.5):
+        done = sum(progress[:])
+        rate = done / max(time.time() - start, 1e-9) / 1e6
+        sys.stderr.write(
+            f"\rprepare: {100 * done / total:5.1f}%  {done / 1e6:,.0f}/{total / 1e6:,.0f} MB  "
+            f"{rate:,.1f} MB/s "
+        )
+        sys.stderr.flush()
+
+
+def prepare(
+    files, vocab: Vocabulary, cache_root=None, workers: int | None = None, progress: bool = True
+) -> list[PreparedFile]:
+    """Make sure `files` are tokenized with `vocab`; return the shards, in `files` order."""
+    files = [str(Path(f).resolve()) for f in files]
+    if not files:
+        raise DataError("no source files to prepare")
+    for f in files:
+        if not os.path.isfile(f):
+            raise DataError(f"{f} does not exist; check --data_dir")
+    cache_root = Path(cache_root) if cache_root else layout.default_cache_dir(files)
+    out_dir = cache_root / cache_key(files, vocab)
+    manifest_path = out_dir / "manifest.json"
+    if not manifest_path.is_file():
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DataError(
+                f"cannot create the token cache {out_dir} ({e.strerror}); pass a writable cache directory "
+                "(--cache_dir) or prepare on a machine that can write there"
+            ) from None
+        _prepare_missing(files, vocab, out_dir, workers, progress)
+        infos = [
+            json.loads((out_dir / f"{_stem(i, f)}.json").read_text()) for i, f in enumerate(files)
+        ]
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "vocab_path": str(vocab.path),
+            "vocab_sha256": vocab.sha256,
+            "vocab_size": vocab.vocab_size,
+            "eos_id": vocab.eos_id,
+            "dtype": token_dtype(vocab.vocab_size).str,
+            "files": infos,
+        }
+        _write_json_atomic(manifest_path, manifest)
+    manifest = json.loads(manifest_path.read_text())
+    return [
+        PreparedFile(
+            info["source"],
+            out_dir / info["tokens"],
+            out_dir / info["docs"],
+            info["num_tokens"],
+            info["num_docs"],
+        )
+        for info in manifest["files"]
+    ]
+
+
+def _prepare_missing(
+    files: list[str], vocab: Vocabulary, out_dir: Path, workers, show_progress: bool
+) -> None:
+    todo = [(i, f) for i, f in enumerate(files) if not (out_dir / f"{_stem(i, f)}.json").is_file()]
+    if not todo:
+        return
+    cpus = os.cpu_count() or 1
+    workers = max(1, min(workers or cpus, len(todo)))
+    threads = max(1, cpus // workers)
+    logging.info("tokenizing %d file(s) into %s with %d worker(s)", len(todo), out_dir, workers)
+    # Spawned, not forked: the caller may be a jax process with live threads.
+    ctx = multiprocessing.get_context("spawn")
+    progress = ctx.Array("q", len(files), lock=False)
+    stop = threading.Event()
+    bar = None
+    if show_progress:
+        sizes = [os.path.getsize(f) for _, f in todo]
+        bar = threading.Thread(target=_progress_bar, args=(progress, sizes, stop), daemon=True)
+        bar.start()
+    try:
+        if workers == 1:
+            _init_worker(progress)
+            for i, f in todo:
+                _prepare_one(i, f, str(out_dir), vocab, threads)
+        else:
+            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress,)) as pool:
+                results = [
+                    pool.apply_async(_prepare_one, (i, f, str(out_dir), vocab, threads))
+                    for i, f in todo
+                ]
+                for r in results:
+                    r.get()
+    finally:
+        _init_worker(None)
+        stop.set()
+        if bar is not None:
+            bar.join()
+            sys.stderr.write("\n")
+
+
+def main(argv):
+    del argv
+    vocab = load_vocabulary(FLAGS.vocab_path)
+    sets = []
+    if FLAGS.splits is None or "train" in FLAGS.splits:
+        sets.append(layout.pile_train_files(FLAGS.data_dir))
+    if FLAGS.splits is None or "val" in FLAGS.splits:
+        sets.append([layout.pile_val_file(FLAGS.data_dir)])
+    for files in sets:
+        shards = prepare(files, vocab, FLAGS.cache_dir, FLAGS.workers)
+        tokens = sum(s.num_tokens for s in shards)
+        print(
+            f"prepared {len(shards)} file(s), {tokens:,} tokens, in {shards[0].tokens_path.parent}"
+        )
+
+
+if __name__ == "__main__":
+    flags.DEFINE_string(
+        "data_dir",
+        None,
+        "Directory holding pile/train/*.jsonl.zst and pile/val.jsonl.zst.",
+        required=True,
+    )
+    flags.DEFINE_string(
+        "vocab_path", os.environ.get("VOCAB_PATH"), "SentencePiece .model file (or $VOCAB_PATH)."
+    )
+    flags.DEFINE_string(
+        "cache_dir", None, "Root of the token cache (default <data_dir>/pile/tokenized)."
+    )
+    flags.DEFINE_integer(
+        "workers", None, "Tokenizer processes (default: one per CPU, at most one per file)."
+    )
+    flags.DEFINE_list("splits", None, "Which of train,val to prepare (default both).")
+    FLAGS = flags.FLAGS
+    from tasks import cli
+
+    cli.run(main)

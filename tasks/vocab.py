@@ -1,0 +1,102 @@
+"""SentencePiece vocabulary: loading, encoding, and the VOCAB_SIZE check.
+
+Ids used by the data layer:
+- `eos_id` is the model's EOS piece. It ends every document in the packed token
+  stream and, as an input token, starts the next document's segment (it plays BOS).
+- `pad_id` is always 0 in batches. Padded positions carry weight 0 and segment id
+  0, so the value is never trained on; 0 is SentencePiece's (and T5/C4's) usual pad
+  id, and models trained with `python -m tasks.train_vocab` reserve it for <pad>.
+"""
+
+import hashlib
+from pathlib import Path
+
+import sentencepiece as spm
+
+from tasks.errors import DataError
+
+PAD_ID = 0
+# Embedding tables padded to a multiple of this run faster on GPUs (tensor cores).
+VOCAB_SIZE_MULTIPLE = 128
+
+
+class Vocabulary:
+    """A loaded SentencePiece model. Picklable (it pickles as its path)."""
+
+    def __init__(self, path, model_proto: bytes):
+        self.path = Path(path)
+        self._proto = model_proto
+        self._sp = spm.SentencePieceProcessor()
+        self._sp.LoadFromSerializedProto(model_proto)
+        self.sha256 = hashlib.sha256(model_proto).hexdigest()
+
+    def __reduce__(self):
+        # Worker processes reload from the bytes, so they see exactly this model
+        # even if the file is replaced meanwhile.
+        return (Vocabulary, (self.path, self._proto))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def eos_id(self) -> int:
+        return self._sp.eos_id()
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Encode many texts in one call; SentencePiece does the loop in C++."""
+        return self._sp.encode(texts, num_threads=num_threads)
+
+    def decode(self, ids) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def __repr__(self):
+        return f"Vocabulary({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def load_vocabulary(path) -> Vocabulary:
+    """Load a SentencePiece `.model` file; DataError if it is missing or not a model."""
+    hint = "set VOCAB_PATH / --vocab_path to a SentencePiece .model file"
+    if not path:
+        raise DataError(f"no vocabulary given; {hint}")
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"vocabulary {path} does not exist; {hint}")
+    try:
+        proto = path.read_bytes()
+        vocab = Vocabulary(path, proto)
+    except (OSError, RuntimeError) as e:
+        raise DataError(
+            f"vocabulary {path} is not a readable SentencePiece model ({e}); {hint}"
+        ) from None
+    if vocab.eos_id < 0:
+        raise DataError(
+            f"vocabulary {path} has no EOS piece, which packing needs to mark document ends; "
+            "use a model trained with an eos_id (e.g. `python -m tasks.train_vocab`)"
+        )
+    return vocab
+
+
+def round_vocab_size(n: int) -> int:
+    """`n` rounded up to a multiple of VOCAB_SIZE_MULTIPLE."""
+    return -(-n // VOCAB_SIZE_MULTIPLE) * VOCAB_SIZE_MULTIPLE
+
+
+def check_vocab_size(vocab: Vocabulary, vocab_size: int) -> None:
+    """Raise DataError if the model's VOCAB_SIZE cannot hold every id of `vocab`.
+
+    A larger VOCAB_SIZE is fine: the extra embedding rows are never looked up,
+    and padding to a multiple of 128 is recommended for GPU speed.
+    """
+    if vocab_size < vocab.vocab_size:
+        raise DataError(
+            f"VOCAB_SIZE={vocab_size} but {vocab.path} has {vocab.vocab_size} pieces; "
+            f"set --fdl.VOCAB_SIZE={round_vocab_size(vocab.vocab_size)}"
+        )

@@ -1,0 +1,101 @@
+"""Small data in the real formats for the data-layer tests (imported, not a conftest).
+
+Everything here is generated: Pile-format .jsonl.zst files written with
+zstandard, and a tiny SentencePiece model (~300 pieces, byte fallback) trained
+once per session on a few KB of generated text.
+"""
+
+import json
+import random
+from pathlib import Path
+
+import zstandard
+
+WORDS = (
+    "the a of and to in is was for on with as by at from that this it be are were "
+    "model data train token river mountain city light water stone garden music paper "
+    "window engine signal forest winter summer market letter number question answer "
+    "system value record shadow silver golden quiet bright ancient modern simple"
+).split()
+
+
+def make_text(rng: random.Random, min_words: int = 5, max_words: int = 60) -> str:
+    """One document: a few sentences of random words, sometimes with newlines and digits."""
+    words = []
+    for i in range(rng.randint(min_words, max_words)):
+        w = rng.choice(WORDS)
+        if i % 7 == 0:
+            w = w.capitalize()
+        words.append(w)
+        if rng.random() < 0.08:
+            words.append(str(rng.randint(0, 999)) + ".")
+        if rng.random() < 0.04:
+            words.append("\n")
+    return " ".join(words).replace(" \n ", "\n")
+
+
+def make_docs(n: int, seed: int = 0, **kw) -> list[str]:
+    rng = random.Random(seed)
+    return [make_text(rng, **kw) for _ in range(n)]
+
+
+def pile_record(text, set_name: str = "Pile-CC") -> dict:
+    return {"text": text, "meta": {"pile_set_name": set_name}}
+
+
+def write_lines(path, lines, compress: bool | None = None) -> Path:
+    """Write lines (str/bytes, or dicts serialised as JSON) as .jsonl or, for *.zst, .jsonl.zst."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = b""
+    for line in lines:
+        if isinstance(line, dict):
+            line = json.dumps(line)
+        if isinstance(line, str):
+            line = line.encode("utf-8")
+        raw += line + b"\n"
+    if compress is None:
+        compress = path.name.endswith(".zst")
+    if compress:
+        # The Pile's files carry a content checksum (zstd's CLI default); so do ours,
+        # which is what lets the reader detect corruption.
+        raw = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(raw)
+    path.write_bytes(raw)
+    return path
+
+
+def write_pile(path, docs, compress: bool | None = None) -> Path:
+    return write_lines(path, [pile_record(d) for d in docs], compress)
+
+
+_VOCAB_CACHE: dict[str, Path] = {}
+
+
+def tiny_vocab_path(tmp_path_factory) -> Path:
+    """A ~320-piece BPE model with byte fallback, trained once per test session."""
+    if "path" not in _VOCAB_CACHE:
+        from tasks.train_vocab import train_sentencepiece
+
+        out = tmp_path_factory.mktemp("vocab") / "tiny.model"
+        train_sentencepiece(make_docs(300, seed=1234), 320, out, num_threads=1)
+        _VOCAB_CACHE["path"] = out
+    return _VOCAB_CACHE["path"]
+
+
+def make_pile_dir(
+    root, vocab_docs_seed: int = 0, num_train_files: int = 3, docs_per_file: int = 80
+) -> Path:
+    """A data_dir in the real layout: pile/train/NN.jsonl.zst, pile/val.jsonl.zst, lambada."""
+    root = Path(root)
+    for i in range(num_train_files):
+        write_pile(
+            root / "pile" / "train" / f"{i:02d}.jsonl.zst",
+            make_docs(docs_per_file, seed=vocab_docs_seed + i),
+        )
+    write_pile(root / "pile" / "val.jsonl.zst", make_docs(40, seed=vocab_docs_seed + 100))
+    write_pile(root / "pile" / "test.jsonl.zst", make_docs(40, seed=vocab_docs_seed + 200))
+    passages = [
+        t.replace("\n", " ").strip() + " river" for t in make_docs(20, seed=vocab_docs_seed + 300)
+    ]
+    write_lines(root / "lambada" / "lambada_test.jsonl", [{"text": p} for p in passages])
+    return root
