@@ -1,0 +1,316 @@
+"""Deterministic, restartable, multi-process input for training and Pile evaluation.
+
+Training (`PileTrainInput`) reads prepared token shards (tasks/prepare.py; made on
+first use if missing) through memory maps. The stream `[EOS] doc [EOS] doc ...`
+is cut into sequences as described in tasks/packing.py. Global batch k is
+
+    epoch, i = divmod(k, batches_per_epoch)
+    sequences perm_epoch[i*G : (i+1)*G]          G = global_batch_size
+
+where perm_epoch is a pseudo-random permutation of all sequence indices keyed by
+(seed, epoch). It is a 4-round Feistel network with cycle walking rather than a
+stored shuffle: computing G entries costs O(G) time and no memory, while a stored
+permutation of The Pile's ~150M sequences would take over 1 GB per process and
+seconds to build each epoch. A process gets rows [process_rows[0]:process_rows[1]]
+of every global batch and reads only those sequences' tokens, so processes read
+disjoint slices whose union is the global batch. The state is the global batch
+index alone, identical on every process, so a run restarts with exactly the next
+batch, even with a different number of processes. The sequences left over after
+the last full batch of an epoch (fewer than G) are skipped in that epoch; the
+next epoch's permutation differs, so no sequence is skipped for good.
+
+Evaluation (`PileEvalInput`) tokenizes the beginning of the raw validation file on
+the fly, packs it the same way in file order, keeps the first `num_batches`
+batches in memory and replays them on every evaluation.
+"""
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from tasks.errors import DataError
+from tasks.packing import make_batch, pack_documents, pad_batch_rows
+from tasks.pile import iter_documents
+from tasks.prepare import PreparedFile, prepare
+from tasks.vocab import PAD_ID, Vocabulary
+
+_ENCODE_BATCH_DOCS = 256
+
+
+class FeistelPermutation:
+    """A bijection of [0, n) keyed by `key`, evaluated on arrays of indices."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, key):
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        bits += bits % 2  # balanced halves
+        self.half = np.uint64(bits // 2)
+        self.mask = np.uint64((1 << (bits // 2)) - 1)
+        self.keys = np.random.default_rng(key).integers(
+            0, 1 << 63, size=self.ROUNDS, dtype=np.uint64
+        )
+
+    def _f(self, r: np.ndarray, k: np.uint64) -> np.ndarray:
+        # splitmix64's finaliser: cheap, and mixes every input bit into the low bits.
+        x = (r ^ k) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(29)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(32)
+        return x & self.mask
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for k in self.keys:
+            left, right = right, left ^ self._f(right, k)
+        return (left << self.half) | right
+
+    def __call__(self, indices) -> np.ndarray:
+        x = self._encrypt(np.asarray(indices, np.uint64))
+        # Cycle walking: the network permutes [0, 4^half) >= n; re-encrypting values
+        # outside [0, n) until they land inside keeps it a bijection of [0, n).
+        while (outside := x >= self.n).any():
+            x[outside] = self._encrypt(x[outside])
+        return x.astype(np.int64)
+
+
+class TokenStream:
+    """The virtual concatenation `[EOS] + shard_0 + shard_1 + ...` over memory-mapped shards."""
+
+    def __init__(self, shards: list[PreparedFile], eos_id: int):
+        self.pieces = [np.array([eos_id], np.uint32)] + [s.tokens() for s in shards]
+        lengths = [len(p) for p in self.pieces]
+        self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # [pieces + 1]
+        self.num_tokens = int(self.starts[-1])
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """[length] int64 tokens stream[start : start + length] (must lie inside the stream)."""
+        out = np.empty(length, np.int64)
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        filled = 0
+        while filled < length:
+            offset = start + filled - self.starts[i]
+            chunk = self.pieces[i][offset : offset + length - filled]
+            out[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            i += 1
+        return out
+
+
+def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len: int):
+    """(starts, lengths) [num_sequences] int64 of one-document rows for packed=False.
+
+    Document d occupies stream[s_d : e_d] (its EOS included) and is preceded by an
+    EOS, so `stream[s_d - 1 : e_d]` is the document with its BOS-like EOS; it is
+    cut into ceil((e_d - s_d) / L) rows of up to L+1 tokens, overlapping by one.
+    """
+    doc_starts, doc_ends = [], []
+    for j, shard in enumerate(shards):
+        ends = np.asarray(shard.doc_ends(), np.int64) + stream.starts[j + 1]
+        doc_ends.append(ends)
+        doc_starts.append(np.concatenate([[stream.starts[j + 1]], ends[:-1]]))
+    doc_starts, doc_ends = np.concatenate(doc_starts), np.concatenate(doc_ends)  # [D]
+    chunks = -(-(doc_ends - doc_starts) // seq_len)  # [D]
+    doc_of_chunk = np.repeat(np.arange(len(chunks)), chunks)  # [S]
+    chunk_in_doc = np.arange(len(doc_of_chunk)) - np.repeat(
+        np.cumsum(chunks) - chunks, chunks
+    )  # [S]
+    starts = doc_starts[doc_of_chunk] - 1 + chunk_in_doc * seq_len  # [S]
+    lengths = np.minimum(seq_len + 1, doc_ends[doc_of_chunk] - starts)  # [S]
+    return starts, lengths
+
+
+class PileTrainInput:
+    """Shuffled, packed training batches for rows [process_rows[0]:process_rows[1]] of each global batch.
+
+    files: raw Pile-format files (tasks.layout.pile_train_files); they are tokenized
+      once into `cache_dir` (default <data_dir>/pile/tokenized) if not yet prepared.
+    packed: pack documents across rows (the default). With packed=False each row
+      holds (a piece of) one document, padded; long documents still span rows.
+    """
+
+    def __init__(
+        self,
+        files,
+        vocab: Vocabulary,
+        seq_len: int,
+        global_batch_size: int,
+        process_rows: tuple[int, int],
+        seed: int,
+        packed: bool = True,
+        cache_dir=None,
+        workers: int | None = None,
+    ):
+        lo, hi = process_rows
+        if not 0 <= lo < hi <= global_batch_size:
+            raise ValueError(
+                f"process_rows={process_rows} is not a slice of a global batch of {global_batch_size}"
+            )
+        self.vocab = vocab
+        self.seq_len = int(seq_len)
+        self.global_batch_size = int(global_batch_size)
+        self.process_rows = (int(lo), int(hi))
+        self.seed = int(seed)
+        self.packed = bool(packed)
+        self.shards = prepare(files, vocab, cache_dir, workers)
+        self.stream = TokenStream(self.shards, vocab.eos_id)
+        if self.packed:
+            self.num_sequences = (self.stream.num_tokens - 1) // self.seq_len
+            self._starts = self._lengths = None
+        else:
+            self._starts, self._lengths = _unpacked_sequences(
+                self.shards, self.stream, self.seq_len
+            )
+            self.num_sequences = len(self._starts)
+        self.batches_per_epoch = self.num_sequences // self.global_batch_size
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"the train files ({Path(self.shards[0].source).parent}) hold {self.stream.num_tokens:,} tokens, "
+                f"{self.num_sequences} sequences of {self.seq_len}, fewer than one global batch of "
+                f"{self.global_batch_size}; add data or lower the batch size or MAX_SEQ_LEN"
+            )
+        self.batch_index = 0
+        self._perm_epoch = None
+        self._perm = None
+
+    def _permutation(self, epoch: int) -> FeistelPermutation:
+        if self._perm_epoch != epoch:
+            self._perm = FeistelPermutation(self.num_sequences, [self.seed % (1 << 63), epoch])
+            self._perm_epoch = epoch
+        return self._perm
+
+    def sequences_of_batch(self, batch_index: int) -> np.ndarray:
+        """[rows] indices of the sequences this process reads for global batch `batch_index`."""
+        epoch, i = divmod(batch_index, self.batches_per_epoch)
+        lo, hi = self.process_rows
+        positions = np.arange(i * self.global_batch_size + lo, i * self.global_batch_size + hi)
+        return self._permutation(epoch)(positions)
+
+    def _row_span(self, seq: int) -> tuple[int, int]:
+        if self.packed:
+            return seq * self.seq_len, self.seq_len + 1
+        return int(self._starts[seq]), int(self._lengths[seq])
+
+    def next_batch(self) -> dict:
+        """The next batch: ids, labels, segment_ids, segment_pos [rows, seq_len] int32; weights, paddings float32."""
+        seqs = self.sequences_of_batch(self.batch_index)
+        rows = np.full((len(seqs), self.seq_len + 1), PAD_ID, np.int64)  # [rows, L+1]
+        lengths = np.empty(len(seqs), np.int64)  # [rows]
+        for r, seq in enumerate(seqs):
+            start, n = self._row_span(int(seq))
+            rows[r, :n] = self.stream.read(start, n)
+            lengths[r] = n
+        self.batch_index += 1
+        return make_batch(rows, lengths, self.vocab.eos_id, packed=self.packed)
+
+    def __iter__(self) -> Iterator[dict]:
+        while True:
+            yield self.next_batch()
+
+    def get_state(self) -> dict:
+        """JSON-serialisable position: the same on every process."""
+        return {
+            "batch_index": self.batch_index,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch_size,
+            "packed": self.packed,
+            "num_sequences": self.num_sequences,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Continue after the batch where get_state() was taken; DataError if the data order would differ."""
+        mine = self.get_state()
+        for key in ("seed", "seq_len", "global_batch_size", "packed", "num_sequences"):
+            if key in state and state[key] != mine[key]:
+                raise DataError(
+                    f"the checkpointed input state has {key}={state[key]!r} but this run has {key}={mine[key]!r}, "
+                    "so it would not continue the same data order; restore with the original settings and data "
+                    "or start a new --job_log_dir"
+                )
+        self.batch_index = int(state["batch_index"])
+
+
+def raw_rows(
+    files: Iterable,
+    vocab: Vocabulary,
+    seq_len: int,
+    keep_last_partial: bool = False,
+    num_threads: int = 1,
+) -> Iterator[tuple[np.ndarray, int]]:
+    """Packed (row [L+1], n_real) from raw files in order, tokenizing on the fly."""
+
+    def docs():
+        eos = vocab.eos_id
+        for path in files:
+            batch = []
+            for text in iter_documents(path):
+                batch.append(text)
+                if len(batch) == _ENCODE_BATCH_DOCS:
+                    yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
+                    batch = []
+            yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
+
+    return pack_documents(docs(), seq_len, vocab.eos_id, keep_last_partial)
+
+
+class PileEvalInput:
+    """The first `num_batches` packed batches of a validation file, the same every evaluation.
+
+    Iterating yields this process's rows of each batch. When the file runs out,
+    the last batch is padded with all-padding rows (weight 0) and there are fewer
+    batches; `num_batches=None` takes the whole file.
+    """
+
+    def __init__(
+        self,
+        file,
+        vocab: Vocabulary,
+        seq_len: int,
+        batch_size: int,
+        num_batches: int | None,
+        process_rows: tuple[int, int] | None = None,
+    ):
+        lo, hi = process_rows if process_rows is not None else (0, batch_size)
+        if not 0 <= lo < hi <= batch_size:
+            raise ValueError(
+                f"process_rows={process_rows} is not a slice of a batch of {batch_size}"
+            )
+        self.file = Path(file)
+        self.vocab = vocab
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.num_batches = num_batches
+        self.process_rows = (lo, hi)
+        self._batches: list[dict] | None = None
+
+    def _build(self) -> list[dict]:
+        limit = None if self.num_batches is None else self.num_batches * self.batch_size
+        rows, lengths = [], []
+        for row, n in raw_rows([self.file], self.vocab, self.seq_len, keep_last_partial=True):
+            rows.append(row)
+            lengths.append(n)
+            if limit is not None and len(rows) == limit:
+                break
+        batches = []
+        lo, hi = self.process_rows
+        for b in range(0, len(rows), self.batch_size):
+            batch_rows, batch_lengths = pad_batch_rows(
+                np.stack(rows[b : b + self.batch_size]),
+                np.asarray(lengths[b : b + self.batch_size]),
+                self.batch_size,
+            )
+            batches.append(make_batch(batch_rows[lo:hi], batch_lengths[lo:hi], self.vocab.eos_id))
+        return batches
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._batches is None:
+            self._batches = self._build()
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        if self._batches is None:
+            self._batches = self._build()
+        return len(self._batches)
