@@ -1,0 +1,39 @@
+# Paxloom: `make run` trains the default small experiment on CPU, `make test` runs the tests.
+# Both install into .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CPU8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
+RUN_DIR ?= runs/default
+
+.PHONY: install run test test-all lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-nodeps.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(PY) -c "import layers, praxis.layers; print('praxis', 'ok')"
+	touch $(STAMP)
+
+# The default experiment: a small GPT on the sample corpus built from text on this machine.
+run: $(STAMP)
+	$(CPU8) $(PY) main.py --fdl_config=experiments.Tiny --job_log_dir=$(RUN_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" --durations=10 tests
+
+test-all: $(STAMP)
+	$(PY) -m pytest --durations=10 tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(CPU8) $(PY) bench/step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,216 @@
+"""BaseExperiment: every hyperparameter, declared once with its type and default.
+
+An experiment is a class whose UPPER_CASE attributes are hyperparameters. A
+subclass may only *assign* names declared here (or declared by annotation in a
+parent): a misspelt attribute such as `LR_COS_MIN_RATO = 0.1` is an error when
+the class is created, with the near match, instead of being silently ignored.
+A user declares a new hyperparameter by annotating it (`MY_KNOB: int = 3`).
+
+`run_config()` turns the hyperparameters into the whole run as a Fiddle graph:
+model, optimizer with its schedule, input, evaluations, mesh and loop settings.
+It reads the experiment and never mutates it.
+"""
+
+import typing
+
+import fiddle as fdl
+
+from runner.errors import UserError, near_matches
+
+# Allowed values of the string hyperparameters that name a choice.
+CHOICES = {
+    "FPROP_DTYPE": ("float32", "bfloat16", "float16"),
+    # praxis AutodiffCheckpointType names, lower case; "none" disables remat.
+    "CHECKPOINT_POLICY": (
+        "none",
+        "save_nothing",
+        "save_everything",
+        "save_dot_only",
+        "save_dot_with_no_batch_dims",
+        "save_dot_except_logits",
+        "save_dot_for_mlperf_200b",
+        "save_qkv_out_proj",
+        "save_out_proj",
+        "save_iteration_input",
+        "save_transformer_layer_output",
+    ),
+    "DATASET": ("synthetic", "pile", "none"),
+}
+
+
+class BaseExperiment:
+    """Defaults describe a tiny GPT that trains on one CPU; subclasses set real sizes."""
+
+    # --- Model (GPT-3 style praxis TransformerLm) ---
+    NUM_LAYERS: int = 2
+    NUM_HEADS: int = 4
+    MODEL_DIMS: int = 64
+    HIDDEN_DIMS: int = 256  # feed-forward hidden size
+    DIMS_PER_HEAD: int = 16
+    VOCAB_SIZE: int = 512
+    MAX_SEQ_LEN: int = 64
+    USE_REPEATED_LAYER: bool = False  # scan one layer (StackedTransformerRepeated)
+    CHECKPOINT_POLICY: str = "save_nothing"  # rematerialisation policy
+    FPROP_DTYPE: str = "float32"  # compute dtype; parameters stay float32
+    INIT_STD: float = 0.02  # Gaussian init standard deviation
+    LAYERNORM_EPSILON: float = 1e-5
+    PACKED_INPUT: bool = True  # segment ids keep attention inside documents
+
+    # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP) ---
+    ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
+    DCN_MESH_SHAPE: list[int] = [1, 1, 1]  # across nodes / processes
+    PERCORE_BATCH_SIZE: float = 1  # GLOBAL_BATCH_SIZE = this x number of devices
+
+    # --- Optimizer: AdamW, global-norm clipping, linear rampup + cosine decay ---
+    LEARNING_RATE: float = 6e-4
+    LR_COS_WARMUP: int = 10  # steps of linear rampup from 0
+    LR_COS_DECAY_START: int = 10  # step at which cosine decay begins
+    LR_COS_DECAY_END: int = 100  # step at which the rate reaches its minimum
+    LR_COS_MIN_RATIO: float = 0.1  # minimum rate as a fraction of LEARNING_RATE
+    ADAM_BETA1: float = 0.9
+    ADAM_BETA2: float = 0.95
+    ADAM_EPSILON: float = 1e-8
+    WEIGHT_DECAY: float = 0.1  # decoupled; applied to matrices, not biases/norms
+    CLIP_GRADIENT_NORM_TO_VALUE: float = 1.0  # 0 disables clipping
+
+    # --- Data ---
+    DATASET: str = "synthetic"  # "pile" (needs --data_dir), "synthetic", "none"
+    LAMBADA_EVAL: bool = False  # evaluate on Lambada at every eval interval
+    EVAL_BATCHES: int = 4  # Pile validation batches per evaluation
+    LAMBADA_MAX_EXAMPLES: int = 0  # 0 = the whole Lambada set
+
+    # --- Loop ---
+    MAX_STEPS: int = 100
+    SUMMARY_INTERVAL_STEPS: int = 10
+    EVAL_INTERVAL_STEPS: int = 0  # 0 = no interleaved evaluation
+    CHECKPOINT_EVERY_N_STEPS: int = 0  # 0 = only at the end
+    CHECKPOINT_MAX_TO_KEEP: int = 3
+    SKIP_NONFINITE_STEPS: bool = False  # skip NaN/Inf steps instead of stopping
+
+    # --- Seeds ---
+    RANDOM_SEED: int = 1234  # parameter init and dropout
+    TRAIN_INPUT_RANDOM_SEED: int = 4321  # data order
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        declared = cls.hyperparameter_types()
+        own_annotations = cls.__dict__.get("__annotations__", {})
+        for name, value in vars(cls).items():
+            if not _is_hyperparameter_name(name):
+                continue
+            if name not in declared:
+                raise UserError(
+                    f"{cls.__module__}.{cls.__name__} sets {name}, which is not a declared "
+                    f"hyperparameter{near_matches(name, declared)}; to add a new one, "
+                    f"annotate it: `{name}: int = ...`"
+                )
+            if name not in own_annotations:
+                _check_value(f"{cls.__name__}.{name}", name, value, declared[name])
+
+    @classmethod
+    def hyperparameter_types(cls) -> dict[str, type]:
+        """Declared hyperparameter names and their types, base class first."""
+        types: dict[str, type] = {}
+        for klass in reversed(cls.__mro__):
+            for name, hint in vars(klass).get("__annotations__", {}).items():
+                if _is_hyperparameter_name(name):
+                    types[name] = hint
+        return types
+
+    def __init__(self, **overrides):
+        """An experiment instance: class defaults plus `overrides` (from `--fdl.NAME=VALUE`)."""
+        declared = self.hyperparameter_types()
+        for name, value in overrides.items():
+            if name not in declared:
+                raise UserError(
+                    f"--fdl.{name}: {type(self).__name__} has no hyperparameter {name}"
+                    f"{near_matches(name, declared)}"
+                )
+            _check_value(f"--fdl.{name}", name, value, declared[name])
+            if declared[name] is float:
+                value = float(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            setattr(self, name, value)
+        self.validate()
+
+    def hyperparameters(self) -> dict[str, typing.Any]:
+        """The effective value of every hyperparameter, in declaration order."""
+        return {name: getattr(self, name) for name in self.hyperparameter_types()}
+
+    def validate(self) -> None:
+        """Checks that need several hyperparameters at once. Raise UserError."""
+        for name in ("NUM_LAYERS", "NUM_HEADS", "MODEL_DIMS", "HIDDEN_DIMS", "DIMS_PER_HEAD",
+                     "VOCAB_SIZE", "MAX_SEQ_LEN", "MAX_STEPS", "SUMMARY_INTERVAL_STEPS"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name}={getattr(self, name)} must be positive")
+        if self.PERCORE_BATCH_SIZE <= 0:
+            raise UserError(f"PERCORE_BATCH_SIZE={self.PERCORE_BATCH_SIZE} must be positive")
+        for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
+            shape = getattr(self, name)
+            if len(shape) != 3 or any(d < 1 for d in shape):
+                raise UserError(
+                    f"{name}={shape} must be three positive sizes [data, fsdp, tensor], "
+                    f"e.g. [8,1,1] for pure data parallelism on 8 devices"
+                )
+        if not self.LR_COS_WARMUP <= self.LR_COS_DECAY_START <= self.LR_COS_DECAY_END:
+            raise UserError(
+                f"learning-rate schedule needs LR_COS_WARMUP ({self.LR_COS_WARMUP}) <= "
+                f"LR_COS_DECAY_START ({self.LR_COS_DECAY_START}) <= LR_COS_DECAY_END "
+                f"({self.LR_COS_DECAY_END})"
+            )
+        if self.USE_REPEATED_LAYER and self.NUM_LAYERS < 1:
+            raise UserError("USE_REPEATED_LAYER needs NUM_LAYERS >= 1")
+
+    def run_config(self, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
+        """The whole run as a Fiddle graph (see experiments/run_graph.py).
+
+        `data_dir` and `vocab_path` say where this machine keeps the data; they
+        are not hyperparameters, so they come from flags, not the class.
+        """
+        from experiments import run_graph
+
+        return run_graph.build_run_config(self, data_dir=data_dir, vocab_path=vocab_path)
+
+    @classmethod
+    def command(cls) -> str:
+        """The command line that runs this experiment (also in each docstring)."""
+        return f"python main.py --fdl_config={cls.__module__}.{cls.__name__} --job_log_dir=runs/{cls.__name__}"
+
+
+def _is_hyperparameter_name(name: str) -> bool:
+    return name.isupper() and not name.startswith("_") and name not in ("CHOICES",)
+
+
+def _type_name(hint) -> str:
+    return str(hint) if typing.get_origin(hint) else hint.__name__
+
+
+def _check_value(where: str, name: str, value, hint) -> None:
+    """Raise UserError unless `value` fits the declared type (and choices) of `name`."""
+    ok: bool
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        ok = isinstance(value, (list, tuple)) and all(_is_instance(v, item) for v in value)
+    else:
+        ok = _is_instance(value, hint)
+    if not ok:
+        example = {int: "8", float: "0.5", bool: "True", str: '"bfloat16"'}.get(hint, "[1,8,1]")
+        raise UserError(
+            f"{where}={value!r} has type {type(value).__name__}, but {name} is "
+            f"{_type_name(hint)} (e.g. {example})"
+        )
+    if name in CHOICES and value not in CHOICES[name]:
+        raise UserError(
+            f"{where}={value!r} is not one of {', '.join(CHOICES[name])}"
+            f"{near_matches(str(value), CHOICES[name])}"
+        )
+
+
+def _is_instance(value, hint) -> bool:
+    if hint is float:  # an int is a fine float; a bool is not a number here
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)

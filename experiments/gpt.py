@@ -1,0 +1,143 @@
+"""GPT-3-style experiments of the Pax GPU README (126M, 5B, 175B) and a tiny CPU one.
+
+Model sizes, meshes and batch sizes follow the Pax GPU configs; optimizer
+settings follow GPT-3 (Brown et al. 2020, table 2.1): Adam beta2 0.95, weight
+decay 0.1, clipping at 1.0, cosine decay to 10% of the peak rate.
+Until a data set is named, each trains on synthetic data; the Synthetic*
+variants stay synthetic for benchmarks whatever the default becomes.
+"""
+
+from experiments.base import BaseExperiment
+from experiments.registry import register
+
+
+class _GPT(BaseExperiment):
+    """Shared GPT-3 settings; not registered."""
+
+    VOCAB_SIZE = 50304  # GPT-2's 50257 rounded up to a multiple of 128
+    MAX_SEQ_LEN = 2048
+    FPROP_DTYPE = "bfloat16"
+    ADAM_BETA1 = 0.9
+    ADAM_BETA2 = 0.95
+    ADAM_EPSILON = 1e-8
+    WEIGHT_DECAY = 0.1
+    CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+    LR_COS_MIN_RATIO = 0.1
+    SUMMARY_INTERVAL_STEPS = 100
+    EVAL_INTERVAL_STEPS = 1000
+    CHECKPOINT_EVERY_N_STEPS = 1000
+
+
+@register
+class GPT126M(_GPT):
+    """GPT-3 Small, 126M parameters; pure data parallelism on 8 GPUs per node.
+
+    python main.py --fdl_config=experiments.GPT126M --job_log_dir=runs/gpt126m
+    """
+
+    NUM_LAYERS = 12
+    NUM_HEADS = 12
+    MODEL_DIMS = 768
+    HIDDEN_DIMS = 3072
+    DIMS_PER_HEAD = 64
+    ICI_MESH_SHAPE = [8, 1, 1]
+    PERCORE_BATCH_SIZE = 4
+    LEARNING_RATE = 6e-4
+    LR_COS_WARMUP = 4000
+    LR_COS_DECAY_START = 4001
+    LR_COS_DECAY_END = 600000
+    MAX_STEPS = 600000
+
+
+@register
+class GPT5B(_GPT):
+    """5B parameters; FSDP over the 8 GPUs of a node, one repeated (scanned) layer.
+
+    python main.py --fdl_config=experiments.GPT5B --fdl.PERCORE_BATCH_SIZE=4 --job_log_dir=runs/gpt5b
+    """
+
+    NUM_LAYERS = 24
+    NUM_HEADS = 32
+    MODEL_DIMS = 4096
+    HIDDEN_DIMS = 16384
+    DIMS_PER_HEAD = 128
+    ICI_MESH_SHAPE = [1, 8, 1]
+    PERCORE_BATCH_SIZE = 8
+    USE_REPEATED_LAYER = True
+    CHECKPOINT_POLICY = "save_nothing"
+    LEARNING_RATE = 1.6e-4
+    LR_COS_WARMUP = 115
+    LR_COS_DECAY_START = 116
+    LR_COS_DECAY_END = 62500
+    MAX_STEPS = 75000
+
+
+@register
+class GPT175B(_GPT):
+    """GPT-3 175B; FSDP within a node (the reference trains it FSDP256 on 32 nodes).
+
+    python main.py --fdl_config=experiments.GPT175B --fdl.DCN_MESH_SHAPE=[1,32,1] --job_log_dir=runs/gpt175b
+    """
+
+    NUM_LAYERS = 96
+    NUM_HEADS = 96
+    MODEL_DIMS = 12288
+    HIDDEN_DIMS = 49152
+    DIMS_PER_HEAD = 128
+    ICI_MESH_SHAPE = [1, 8, 1]
+    PERCORE_BATCH_SIZE = 6
+    USE_REPEATED_LAYER = True
+    CHECKPOINT_POLICY = "save_nothing"
+    LEARNING_RATE = 6e-5
+    LR_COS_WARMUP = 265
+    LR_COS_DECAY_START = 266
+    LR_COS_DECAY_END = 108600
+    MAX_STEPS = 75000
+
+
+@register
+class Synthetic126M(GPT126M):
+    """GPT126M on synthetic data, for throughput benchmarks.
+
+    python main.py --fdl_config=experiments.Synthetic126M --fdl.MAX_STEPS=100 --job_log_dir=runs/s126m
+    """
+
+    DATASET = "synthetic"
+
+
+@register
+class Synthetic5B(GPT5B):
+    """GPT5B on synthetic data, for throughput benchmarks.
+
+    python main.py --fdl_config=experiments.Synthetic5B --fdl.MAX_STEPS=100 --job_log_dir=runs/s5b
+    """
+
+    DATASET = "synthetic"
+
+
+@register
+class Synthetic175B(GPT175B):
+    """GPT175B on synthetic data, for throughput benchmarks.
+
+    python main.py --fdl_config=experiments.Synthetic175B --fdl.MAX_STEPS=20 --job_log_dir=runs/s175b
+    """
+
+    DATASET = "synthetic"
+
+
+@register
+class Tiny(BaseExperiment):
+    """A 2-layer, 64-wide GPT that trains in about a minute on 8 fake CPU devices (`make run`).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.Tiny --job_log_dir=runs/tiny
+    """
+
+    ICI_MESH_SHAPE = [2, 2, 2]
+    PERCORE_BATCH_SIZE = 2
+    LEARNING_RATE = 3e-3
+    LR_COS_WARMUP = 20
+    LR_COS_DECAY_START = 20
+    LR_COS_DECAY_END = 300
+    MAX_STEPS = 300
+    SUMMARY_INTERVAL_STEPS = 25
+    EVAL_INTERVAL_STEPS = 100

@@ -1,0 +1,51 @@
+"""The experiment registry: `@register` and lookup by `--fdl_config` name."""
+
+import importlib
+
+from runner.errors import UserError, near_matches
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make `cls` available as `--fdl_config=experiments.<Name>`."""
+    name = cls.__name__
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise UserError(f"experiment {name} is registered twice "
+                        f"({_REGISTRY[name].__module__} and {cls.__module__})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def registered() -> dict[str, type]:
+    return dict(sorted(_REGISTRY.items()))
+
+
+def resolve(fdl_config: str) -> type:
+    """`experiments.NAME` (registered) or `some.module.Class` (any importable subclass)."""
+    from experiments.base import BaseExperiment
+
+    module_name, _, class_name = fdl_config.rpartition(".")
+    if not module_name or not class_name:
+        raise UserError(f"--fdl_config={fdl_config!r}: expected experiments.NAME or "
+                        f"my_module.MyExperiment")
+    if module_name == "experiments":
+        if class_name not in _REGISTRY:
+            raise UserError(f"--fdl_config: no experiment named {class_name}"
+                            f"{near_matches(class_name, _REGISTRY)}; "
+                            f"`python main.py --list_experiments` lists them")
+        return _REGISTRY[class_name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise UserError(f"--fdl_config={fdl_config}: cannot import {module_name} ({error}); "
+                        f"is it on PYTHONPATH?") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        names = [n for n, v in vars(module).items() if isinstance(v, type)]
+        raise UserError(f"--fdl_config: {module_name} has no class {class_name}"
+                        f"{near_matches(class_name, names)}")
+    if not (isinstance(cls, type) and issubclass(cls, BaseExperiment)):
+        raise UserError(f"--fdl_config={fdl_config} is not a subclass of "
+                        f"experiments.base.BaseExperiment")
+    return cls

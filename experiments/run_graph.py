@@ -1,0 +1,100 @@
+"""Hyperparameters -> the run as a Fiddle graph (built into a runner.spec.RunSpec).
+
+Everything the run will do is visible in this graph before it starts: main.py
+writes it to job_log_dir and `--print_config` shows it.
+"""
+
+import fiddle as fdl
+
+from layers.gpt import gpt_model_config
+from runner import optimizer, spec
+from runner.errors import UserError
+from tasks import synthetic
+
+
+def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
+    mesh_shape = [i * d for i, d in zip(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, strict=True)]
+    model = gpt_model_config(
+        num_layers=exp.NUM_LAYERS,
+        model_dims=exp.MODEL_DIMS,
+        hidden_dims=exp.HIDDEN_DIMS,
+        num_heads=exp.NUM_HEADS,
+        dims_per_head=exp.DIMS_PER_HEAD,
+        vocab_size=exp.VOCAB_SIZE,
+        max_seq_len=exp.MAX_SEQ_LEN,
+        use_repeated_layer=exp.USE_REPEATED_LAYER,
+        checkpoint_policy_name=exp.CHECKPOINT_POLICY,
+        fprop_dtype=exp.FPROP_DTYPE,
+        init_std=exp.INIT_STD,
+        layernorm_epsilon=exp.LAYERNORM_EPSILON,
+        packed_input=exp.PACKED_INPUT,
+        mesh_shape=tuple(mesh_shape),
+    )
+    schedule = fdl.Config(
+        optimizer.linear_rampup_cosine_decay,
+        learning_rate=exp.LEARNING_RATE,
+        warmup_steps=exp.LR_COS_WARMUP,
+        decay_start=exp.LR_COS_DECAY_START,
+        decay_end=exp.LR_COS_DECAY_END,
+        min_ratio=exp.LR_COS_MIN_RATIO,
+    )
+    opt = fdl.Config(
+        optimizer.adamw,
+        schedule=schedule,
+        beta1=exp.ADAM_BETA1,
+        beta2=exp.ADAM_BETA2,
+        epsilon=exp.ADAM_EPSILON,
+        weight_decay=exp.WEIGHT_DECAY,
+        clip_gradient_norm_to_value=exp.CLIP_GRADIENT_NORM_TO_VALUE,
+    )
+    train_input, evals = _datasets(exp, data_dir, vocab_path)
+    return fdl.Config(
+        spec.RunSpec,
+        name=type(exp).__name__,
+        model=model,
+        optimizer=opt,
+        learning_rate=schedule,
+        mesh=fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
+                        dcn_mesh_shape=list(exp.DCN_MESH_SHAPE)),
+        loop=fdl.Config(
+            spec.LoopSpec,
+            max_steps=exp.MAX_STEPS,
+            summary_interval_steps=exp.SUMMARY_INTERVAL_STEPS,
+            eval_interval_steps=exp.EVAL_INTERVAL_STEPS,
+            checkpoint_every_n_steps=exp.CHECKPOINT_EVERY_N_STEPS,
+            checkpoint_max_to_keep=exp.CHECKPOINT_MAX_TO_KEEP,
+            skip_nonfinite_steps=exp.SKIP_NONFINITE_STEPS,
+            percore_batch_size=exp.PERCORE_BATCH_SIZE,
+            random_seed=exp.RANDOM_SEED,
+        ),
+        model_shape=fdl.Config(spec.ModelShape, num_layers=exp.NUM_LAYERS,
+                               num_heads=exp.NUM_HEADS, dims_per_head=exp.DIMS_PER_HEAD,
+                               seq_len=exp.MAX_SEQ_LEN),
+        make_train_input=train_input,
+        evals=evals,
+    )
+
+
+def _datasets(exp, data_dir, vocab_path):
+    """(train input factory or None, [EvalSpec configs]) for exp.DATASET."""
+    if exp.DATASET == "none":
+        if exp.LAMBADA_EVAL:
+            return None, [_lambada_eval(exp, data_dir, vocab_path)]
+        raise UserError("DATASET='none' needs LAMBADA_EVAL=True (an eval-only experiment)")
+    if exp.DATASET == "synthetic":
+        train = fdl.Partial(synthetic.SyntheticTrainInput, seq_len=exp.MAX_SEQ_LEN,
+                            vocab_size=exp.VOCAB_SIZE, seed=exp.TRAIN_INPUT_RANDOM_SEED)
+        evals = []
+        if exp.EVAL_INTERVAL_STEPS and exp.EVAL_BATCHES:
+            evals.append(fdl.Config(
+                spec.EvalSpec, name="synthetic_eval", kind="lm",
+                make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=exp.MAX_SEQ_LEN,
+                                       vocab_size=exp.VOCAB_SIZE, num_batches=exp.EVAL_BATCHES,
+                                       # A seed of its own: evaluation never sees training rows.
+                                       seed=exp.TRAIN_INPUT_RANDOM_SEED + 1_000_003)))
+        return train, evals
+    raise UserError(f"DATASET={exp.DATASET!r} is not available yet")
+
+
+def _lambada_eval(exp, data_dir, vocab_path):
+    raise UserError("Lambada evaluation is not available yet")

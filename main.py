@@ -1,0 +1,111 @@
+"""Paxloom entry point: experiment class -> Fiddle graph -> mesh -> train or evaluate.
+
+    python main.py --fdl_config=experiments.GPT126M --fdl.PERCORE_BATCH_SIZE=4 --job_log_dir=runs/x
+
+`--fdl.NAME=VALUE` overrides the experiment's hyperparameter NAME; VALUE is a
+Python literal (8, 0.5, [1,8,1], "bfloat16"). Mistakes in flags or
+hyperparameters print one line and exit with status 2.
+"""
+
+import ast
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow only writes event files
+
+from absl import flags  # noqa: E402
+
+from runner.errors import UserError  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")
+flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, TensorBoard "
+                    "events and checkpoints.")
+flags.DEFINE_enum("mode", "train", ["train", "eval"], "train, or evaluate once.")
+flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit.")
+flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
+                  "graph, then exit.")
+flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "
+                    "(see scripts_gpu/download_the_pile.py).")
+flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts pass.")
+flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
+flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
+                   "from the device kind.")
+
+FDL_PREFIX = "--fdl."
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Separate `--fdl.NAME=VALUE` arguments (raw VALUE strings) from the other flags."""
+    rest, overrides = [], {}
+    for arg in argv:
+        if not arg.startswith(FDL_PREFIX):
+            rest.append(arg)
+            continue
+        name, eq, value = arg[len(FDL_PREFIX):].partition("=")
+        if not eq or not name:
+            raise UserError(f"{arg}: write hyperparameter overrides as --fdl.NAME=VALUE")
+        overrides[name] = value
+    return rest, overrides
+
+
+def parse_override_values(overrides: dict[str, str], declared: dict[str, type]) -> dict:
+    """Raw strings -> Python values. A bare word is accepted for str hyperparameters."""
+    values = {}
+    for name, raw in overrides.items():
+        try:
+            values[name] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            if declared.get(name) is str:
+                values[name] = raw
+            else:
+                raise UserError(f"--fdl.{name}={raw}: not a Python literal "
+                                f"(e.g. 8, 0.5, [1,8,1], \"bfloat16\")") from None
+    return values
+
+
+def main(argv: list[str]) -> int:
+    rest, raw_overrides = split_overrides(argv)
+    try:
+        positional = FLAGS(rest)
+    except flags.Error as error:
+        raise UserError(str(error)) from None
+    if len(positional) > 1:
+        raise UserError(f"unexpected argument {positional[1]!r}; flags look like --name=value")
+
+    import experiments
+
+    if FLAGS.list_experiments:
+        for name, cls in experiments.registered().items():
+            summary = (cls.__doc__ or "").strip().splitlines()[0:1]
+            print(f"experiments.{name:<16} {summary[0] if summary else ''}")
+        return 0
+    if not FLAGS.fdl_config:
+        raise UserError("--fdl_config is required (e.g. --fdl_config=experiments.Tiny; "
+                        "--list_experiments lists them)")
+    cls = experiments.resolve(FLAGS.fdl_config)
+    exp = cls(**parse_override_values(raw_overrides, cls.hyperparameter_types()))
+
+    from runner import job
+
+    data_dir = FLAGS.data_dir or FLAGS.tfds_data_dir
+    vocab_path = FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
+    if FLAGS.print_config:
+        print(job.describe(exp, data_dir, vocab_path))
+        return 0
+    if not FLAGS.job_log_dir:
+        raise UserError("--job_log_dir is required (where the config, TensorBoard events and "
+                        "checkpoints go)")
+    job.run(exp, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir, data_dir=data_dir,
+            vocab_path=vocab_path, peak_tflops=FLAGS.peak_tflops)
+    return 0
+
+
+if __name__ == "__main__":
+    from tasks.errors import DataError
+
+    try:
+        sys.exit(main(sys.argv))
+    except (UserError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,15 @@
+"""The one exception type for mistakes a user can fix (a flag, a hyperparameter, a mesh)."""
+
+import difflib
+
+
+class UserError(Exception):
+    """A problem in the user's input. main.py prints its one-line message and exits 2."""
+
+
+def near_matches(name: str, candidates) -> str:
+    """A ' (did you mean X?)' suffix naming the closest candidates, or ''."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(close) + "?)"

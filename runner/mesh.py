@@ -1,0 +1,109 @@
+"""The device mesh and the global batch: ICI x DCN over axes (replica, data, mdl).
+
+ICI_MESH_SHAPE lays out the devices of one process (one node on GPUs: NVLink);
+DCN_MESH_SHAPE lays out the processes (the slow network between nodes). The mesh
+size along each axis is ici[i] * dcn[i]. On CPU and GPU, jax's hybrid mesh
+treats one process as one granule.
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from layers.gpt import MESH_AXIS_NAMES
+from runner.errors import UserError
+
+# Activations' batch dimension is split over these axes (DP and FSDP); the
+# tensor-parallel axis sees the whole batch.
+BATCH_AXES = ("replica", "data")
+
+
+def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
+    """A Mesh over `devices` (default: all), or UserError naming a shape that fits."""
+    devices = list(jax.devices() if devices is None else devices)
+    num_processes = len({d.process_index for d in devices})
+    num_devices = len(devices)
+    ici, dcn = list(ici_mesh_shape), list(dcn_mesh_shape)
+    if math.prod(ici) * math.prod(dcn) != num_devices:
+        per_process = num_devices // num_processes
+        raise UserError(
+            f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers "
+            f"{math.prod(ici) * math.prod(dcn)} devices, but this job has {num_devices} "
+            f"({num_processes} process(es) x {per_process}); try "
+            f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
+        )
+    if math.prod(dcn) != num_processes:
+        raise UserError(
+            f"DCN_MESH_SHAPE={dcn} has {math.prod(dcn)} slices, but there are "
+            f"{num_processes} processes; DCN_MESH_SHAPE spans processes (nodes) and "
+            f"ICI_MESH_SHAPE the devices of each, e.g. --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
+        )
+    if num_processes == 1:
+        device_array = np.asarray(devices).reshape(ici)
+    else:
+        device_array = mesh_utils.create_hybrid_device_mesh(
+            ici, dcn, devices=devices, process_is_granule=True
+        )
+    return Mesh(device_array, MESH_AXIS_NAMES)
+
+
+def mesh_shape(mesh: Mesh) -> tuple[int, ...]:
+    return tuple(mesh.shape[name] for name in MESH_AXIS_NAMES)
+
+
+def global_batch_size(percore_batch_size: float, mesh: Mesh) -> int:
+    """GLOBAL_BATCH_SIZE = PERCORE_BATCH_SIZE x devices, whatever the strategy (Pax rule).
+
+    PERCORE_BATCH_SIZE may be fractional with tensor parallelism: with TP=2,
+    0.5 gives each model replica one sequence per step.
+    """
+    num_devices = mesh.devices.size
+    exact = percore_batch_size * num_devices
+    batch = round(exact)
+    batch_shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    if abs(exact - batch) > 1e-6 or batch < 1:
+        raise UserError(
+            f"PERCORE_BATCH_SIZE={percore_batch_size} x {num_devices} devices = {exact:g} "
+            f"is not a whole number of sequences; pick PERCORE_BATCH_SIZE so that the "
+            f"product is an integer, e.g. {max(1, round(exact)) / num_devices:g}"
+        )
+    if batch % batch_shards:
+        tp = mesh.shape["mdl"]
+        raise UserError(
+            f"GLOBAL_BATCH_SIZE={batch} (PERCORE_BATCH_SIZE={percore_batch_size} x "
+            f"{num_devices} devices) does not split over {batch_shards} data-parallel "
+            f"shards (replica x data); the smallest PERCORE_BATCH_SIZE for this mesh is "
+            f"{1 / tp:g}, and it must be a multiple of that"
+        )
+    return batch
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a [batch, seq] input array."""
+    return NamedSharding(mesh, P(BATCH_AXES, None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def process_batch_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
+    """The contiguous rows [start, stop) of the global batch this process must load."""
+    sharding = batch_sharding(mesh)
+    index_map = sharding.addressable_devices_indices_map((batch_size, 1))
+    starts = [idx[0].start or 0 for idx in index_map.values()]
+    stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+    start, stop = min(starts), max(stops)
+    rows = set()
+    for a, b in zip(starts, stops, strict=True):
+        rows.update(range(a, b))
+    if len(rows) != stop - start:
+        raise UserError(
+            "this process's devices hold non-contiguous batch rows; order DCN_MESH_SHAPE "
+            "so that data-parallel axes span processes (e.g. [N,1,1])"
+        )
+    return start, stop

@@ -1,0 +1,84 @@
+"""The sharded train state: model parameters, optimizer state and the step.
+
+Partition specs come from praxis's weight annotations (the WeightHParams each
+layer declares), so the sharding of every parameter and of its Adam moments is
+decided by the model config, not by the runner.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from praxis import base_layer, py_utils
+
+from runner.mesh import mesh_shape
+
+
+def _context(do_eval: bool):
+    return base_layer.JaxContext.new_context(
+        hparams=base_layer.JaxContext.HParams(do_eval=do_eval)
+    )
+
+
+def as_model_batch(batch: dict, fprop_dtype=jnp.float32) -> py_utils.NestedMap:
+    """The praxis input NestedMap; float inputs (weights, paddings) in the compute dtype.
+
+    As paxml does: a float32 `paddings` would promote bfloat16 activations back
+    to float32 inside each layer (and break StackedTransformerRepeated's scan).
+    """
+    return py_utils.NestedMap({
+        k: v.astype(fprop_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+        for k, v in batch.items()
+    })
+
+
+def param_partition_specs(model, example_batch: dict, mesh: Mesh):
+    """PartitionSpecs of the model's parameters, from praxis's annotations."""
+    with _context(do_eval=False):
+        var_meta = model.abstract_init_with_metadata(
+            as_model_batch(example_batch, model.fprop_dtype)
+        )
+    specs = base_layer.var_partition_specs(
+        var_meta, mesh_shape(mesh), list(mesh.axis_names)
+    )
+    extra = set(specs) - {"params"}
+    if extra:
+        raise NotImplementedError(f"model has variable collections besides params: {extra}")
+    return specs["params"]
+
+
+def state_shardings(tx: optax.GradientTransformation, param_specs, abstract_params, mesh: Mesh):
+    """NamedShardings for {'step', 'params', 'opt_state'}: Adam moments follow their parameter."""
+    abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+    opt_specs = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        abstract_opt_state,
+        param_specs,
+        transform_non_params=lambda _: P(),
+        is_leaf=lambda x: isinstance(x, P),
+    )
+    specs = {"step": P(), "params": param_specs, "opt_state": opt_specs}
+    return jax.tree_util.tree_map(
+        lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
+    )
+
+
+def make_init_fn(model, tx: optax.GradientTransformation, batch_shapes: dict):
+    """init(key) -> train state; jit it with out_shardings to create it already sharded.
+
+    `batch_shapes` maps batch keys to jax.ShapeDtypeStruct: the example batch is
+    made inside the function, so no host array is baked into the program.
+    """
+
+    def init(key):
+        batch = {k: jnp.zeros(s.shape, s.dtype) for k, s in batch_shapes.items()}
+        with _context(do_eval=False):
+            variables = model.init(
+                {"params": key, "random": key}, as_model_batch(batch, model.fprop_dtype)
+            )
+        params = variables["params"]
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+    return init
