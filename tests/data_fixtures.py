@@ -99,3 +99,6 @@ def make_pile_dir(
     ]
     write_lines(root / "lambada" / "lambada_test.jsonl", [{"text": p} for p in passages])
     return root
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
