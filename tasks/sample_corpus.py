@@ -34,7 +34,7 @@ import zstandard
 
 from tasks.train_vocab import train_sentencepiece
 
-SAMPLE_VERSION = 1
+SAMPLE_VERSION = 2
 VOCAB_SIZE = 1024
 NUM_TRAIN_SHARDS = 4
 HELD_OUT_PERCENT = 18
@@ -81,7 +81,15 @@ def _documents() -> list[tuple[str, str, str]]:
             doc = inspect.getdoc(obj)
             if doc and len(doc) >= 200:
                 docs.append((f"doc:{name}", "PyDocstrings", doc.strip()))
-    return docs
+    # The same docstring shows up under several names (aliases, re-exports); a
+    # document must not be in train and val at once.
+    seen = set()
+    unique = []
+    for name, source, text in docs:
+        if text not in seen:
+            seen.add(text)
+            unique.append((name, source, text))
+    return unique
 
 
 def _held_out(name: str) -> bool:
