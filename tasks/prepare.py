@@ -281,9 +281,9 @@ def main(argv):
     del argv
     vocab = load_vocabulary(FLAGS.vocab_path)
     sets = []
-    if FLAGS.splits is None or "train" in FLAGS.splits:
+    if "train" in FLAGS.splits:
         sets.append(layout.pile_train_files(FLAGS.data_dir))
-    if FLAGS.splits is None or "val" in FLAGS.splits:
+    if "val" in FLAGS.splits:
         sets.append([layout.pile_val_file(FLAGS.data_dir)])
     for files in sets:
         shards = prepare(files, vocab, FLAGS.cache_dir, FLAGS.workers)
@@ -309,7 +309,9 @@ if __name__ == "__main__":
     flags.DEFINE_integer(
         "workers", None, "Tokenizer processes (default: one per CPU, at most one per file)."
     )
-    flags.DEFINE_list("splits", None, "Which of train,val to prepare (default both).")
+    flags.DEFINE_list(
+        "splits", ["train"], "Which of train,val to prepare (PileEvalInput reads val raw)."
+    )
     FLAGS = flags.FLAGS
     from tasks import cli
 

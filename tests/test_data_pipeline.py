@@ -207,3 +207,32 @@ def test_eval_input_fixed_padded_and_sliced(data_dir, vocab):
     halves = [PileEvalInput(val, vocab, SEQ_LEN, 4, 2, process_rows=r) for r in [(0, 2), (2, 4)]]
     for k, (lo, hi) in enumerate(zip(*halves, strict=True)):
         assert np.array_equal(np.concatenate([lo["ids"], hi["ids"]]), batches[k]["ids"])
+
+
+def test_prepare_command(tmp_path, vocab):
+    import subprocess
+    import sys
+
+    root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=20)
+    cmd = [
+        sys.executable,
+        "-m",
+        "tasks.prepare",
+        f"--data_dir={root}",
+        f"--vocab_path={vocab.path}",
+        "--workers=2",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=fx.REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "prepared 2 file(s)" in proc.stdout
+    (cache,) = (root / "pile" / "tokenized").iterdir()
+    assert (cache / "manifest.json").is_file()
+    proc = subprocess.run(
+        cmd[:3] + [f"--data_dir={root}", "--vocab_path="],
+        capture_output=True,
+        text=True,
+        cwd=fx.REPO_ROOT,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "error: no vocabulary given; set VOCAB_PATH"
+    )
