@@ -278,6 +278,10 @@ class PileEvalInput:
             raise ValueError(
                 f"process_rows={process_rows} is not a slice of a batch of {batch_size}"
             )
+        if num_batches is not None and num_batches < 1:
+            raise ValueError(
+                f"num_batches={num_batches} must be at least 1 (or None for the whole file)"
+            )
         self.file = Path(file)
         self.vocab = vocab
         self.seq_len = int(seq_len)
