@@ -13,3 +13,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+# Tests import praxis directly; the compat patches must be in place first.
+import layers  # noqa: E402,F401

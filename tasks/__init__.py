@@ -1,0 +1,1 @@
+"""Data and evaluation: vocabulary, The Pile and Lambada readers, input pipelines, synthetic data."""

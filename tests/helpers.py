@@ -1,0 +1,35 @@
+"""Shared helpers for tests that build a real Trainer on the 8 fake CPU devices."""
+
+import jax
+from praxis import pax_fiddle
+
+import experiments
+from runner import mesh as mesh_lib
+from runner.trainer import Trainer
+
+# A model every test mesh can shard: 8 heads split over up to 8 TP devices.
+TINY = dict(
+    NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=8, DIMS_PER_HEAD=8,
+    MAX_SEQ_LEN=64, VOCAB_SIZE=512, FPROP_DTYPE="float32", DATASET="synthetic",
+    EVAL_INTERVAL_STEPS=0,
+)
+
+
+def make_trainer(tmp_path, devices=None, experiment=experiments.BaseExperiment, **overrides):
+    exp = experiment(**{**TINY, **overrides})
+    devices = jax.devices() if devices is None else devices
+    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, devices=devices)
+    run = pax_fiddle.build(exp.run_config())
+    return Trainer(run, mesh, str(tmp_path))
+
+
+def train_losses(trainer, steps: int) -> list[float]:
+    """Per-step losses of `steps` steps from a fresh state, read after each step."""
+    state = trainer.init_state()
+    data = trainer.make_train_input()
+    losses = []
+    for _ in range(steps):
+        with trainer.mesh:
+            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
+        losses.append(float(metrics["loss"]))
+    return losses

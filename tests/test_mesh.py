@@ -1,0 +1,62 @@
+"""Mesh layout and the Pax global-batch rules on 8 fake CPU devices."""
+
+import jax
+import pytest
+
+from runner import mesh as mesh_lib
+from runner.errors import UserError
+
+
+@pytest.mark.parametrize("ici", [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2]])
+def test_mesh_axes_follow_ici_shape(ici):
+    mesh = mesh_lib.create_mesh(ici, [1, 1, 1])
+    assert mesh.axis_names == ("replica", "data", "mdl")
+    assert mesh_lib.mesh_shape(mesh) == tuple(ici)
+
+
+def test_wrong_product_names_count_and_suggests_a_shape():
+    with pytest.raises(UserError) as info:
+        mesh_lib.create_mesh([3, 1, 1], [1, 1, 1])
+    message = str(info.value)
+    assert "covers 3 devices, but this job has 8" in message
+    assert "--fdl.ICI_MESH_SHAPE=[8,1,1]" in message
+
+
+def test_dcn_must_match_process_count():
+    with pytest.raises(UserError, match="DCN_MESH_SHAPE=\\[2, 1, 1\\] has 2 slices, but there are 1"):
+        mesh_lib.create_mesh([4, 1, 1], [2, 1, 1])
+
+
+@pytest.mark.parametrize("ici,percore,expected", [
+    ([8, 1, 1], 4, 32),
+    ([1, 8, 1], 1, 8),
+    ([4, 1, 2], 0.5, 4),   # Pax README: TP=2 with 0.5 -> one sequence per model replica
+    ([2, 2, 2], 0.5, 4),
+    ([1, 1, 8], 0.125, 1),
+])
+def test_global_batch_is_percore_times_devices(ici, percore, expected):
+    mesh = mesh_lib.create_mesh(ici, [1, 1, 1])
+    assert mesh_lib.global_batch_size(percore, mesh) == expected
+
+
+def test_fractional_batch_without_tensor_parallelism_is_an_error():
+    mesh = mesh_lib.create_mesh([8, 1, 1], [1, 1, 1])
+    with pytest.raises(UserError, match="does not split over 8 data-parallel shards.*smallest "
+                                        "PERCORE_BATCH_SIZE for this mesh is 1"):
+        mesh_lib.global_batch_size(0.5, mesh)
+
+
+def test_non_integer_global_batch_is_an_error():
+    mesh = mesh_lib.create_mesh([1, 1, 8], [1, 1, 1])
+    with pytest.raises(UserError, match="is not a whole number of sequences"):
+        mesh_lib.global_batch_size(0.3, mesh)
+
+
+def test_single_process_loads_the_whole_batch():
+    mesh = mesh_lib.create_mesh([2, 2, 2], [1, 1, 1])
+    assert mesh_lib.process_batch_rows(mesh, 8) == (0, 8)
+
+
+def test_mesh_over_a_subset_of_devices():
+    mesh = mesh_lib.create_mesh([1, 1, 1], [1, 1, 1], devices=jax.devices()[:1])
+    assert mesh.devices.size == 1
