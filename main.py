@@ -31,6 +31,14 @@ flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pa
 flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
 flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
                    "from the device kind.")
+# Multi-process (multi-node) jobs, with Pax's flag names; see runner/distributed.py.
+flags.DEFINE_bool("multiprocess_gpu", False, "Start jax.distributed; coordinator, process "
+                  "count and index come from SLURM/Open MPI/... unless given below.")
+flags.DEFINE_string("server_addr", None, "HOST:PORT of process 0's coordinator service.")
+flags.DEFINE_integer("num_hosts", None, "Number of processes in the job.")
+flags.DEFINE_integer("host_idx", None, "This process's index, 0 .. num_hosts - 1.")
+flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to wait for every process to "
+                     "reach the coordinator before failing.")
 
 FDL_PREFIX = "--fdl."
 
@@ -62,6 +70,18 @@ def parse_override_values(overrides: dict[str, str], declared: dict[str, type]) 
                 raise UserError(f"--fdl.{name}={raw}: not a Python literal "
                                 f"(e.g. 8, 0.5, [1,8,1], \"bfloat16\")") from None
     return values
+
+
+def start_distributed() -> None:
+    from runner import distributed
+    from runner.summaries import log
+
+    options = distributed.DistributedOptions(
+        multiprocess_gpu=FLAGS.multiprocess_gpu, server_addr=FLAGS.server_addr,
+        num_hosts=FLAGS.num_hosts, host_idx=FLAGS.host_idx,
+        timeout_s=FLAGS.distributed_timeout_s)
+    if distributed.initialize(options):
+        log(distributed.describe())
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +116,7 @@ def main(argv: list[str]) -> int:
     if not FLAGS.job_log_dir:
         raise UserError("--job_log_dir is required (where the config, TensorBoard events and "
                         "checkpoints go)")
+    start_distributed()  # before any jax device use; after flag checks, so typos fail fast
     job.run(exp, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir, data_dir=data_dir,
             vocab_path=vocab_path, peak_tflops=FLAGS.peak_tflops)
     return 0

@@ -1,0 +1,340 @@
+"""Several real JAX processes on 127.0.0.1 (CPU devices, gloo collectives) train like one.
+
+Each multi-process job is compared with the same run in this (one) process on its 8
+fake CPU devices: the per-step losses and the evaluation must agree to 1e-4.
+
+- main.py end to end, 2 processes x 4 devices, DCN [2,1,1] x ICI [1,2,2]: losses and
+  evaluation from the console (process 0 only), one config and one set of event files.
+- this file as the worker program (`python -m tests.test_multiprocess --worker ...`),
+  2 processes x 4 devices with FSDP across them (DCN [1,2,1] x ICI [1,4,1]) and
+  4 processes x 2 devices (DCN [4,1,1] x ICI [1,2,1]): full-precision losses and
+  evaluation from every process, and which batch rows and weight shards each one holds.
+- a coordinator that never hears from its peer: exit status 2 and one line naming it.
+
+Every job runs under a deadline and its processes (each in its own process group) are
+killed in a `finally`.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner import distributed
+from runner.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The tiny model (tests/helpers.TINY) trained 4 steps with a learning rate that moves the
+# weights from step 2 on (step 1 runs at rate 0), evaluated on 2 synthetic batches.
+STEPS = 4
+RUN = dict(
+    NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=8, DIMS_PER_HEAD=8,
+    MAX_SEQ_LEN=64, VOCAB_SIZE=512, FPROP_DTYPE="float32", DATASET="synthetic",
+    PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1, LR_COS_DECAY_START=1,
+    LR_COS_DECAY_END=100, EVAL_BATCHES=2, MAX_STEPS=STEPS,
+)
+RTOL = 1e-4
+JOB_TIMEOUT_S = 300  # a whole multi-process job; they take 30-90 s on 2 cores
+CONNECT_TIMEOUT_S = 120  # --distributed_timeout_s: generous, imports are slow under load
+
+
+# ----- running processes ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(devices: int) -> dict[str, str]:
+    """A clean environment for one CPU process with `devices` fake devices."""
+    env = {k: v for k, v in os.environ.items()
+           # Launcher variables would make jax (or runner.distributed) detect a cluster.
+           if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR"))}
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        JAX_PLATFORMS="cpu",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    return env
+
+
+class Job:
+    """Processes started together; `wait` bounds their time and reports failures."""
+
+    def __init__(self, commands: list[list[str]], env: dict[str, str], log_dir: Path):
+        self.logs = []
+        self.procs: list[subprocess.Popen] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for i, command in enumerate(commands):
+            out, err = log_dir / f"process{i}.out", log_dir / f"process{i}.err"
+            self.logs.append((out, err))
+            with open(out, "w") as fout, open(err, "w") as ferr:
+                self.procs.append(subprocess.Popen(
+                    command, cwd=REPO_ROOT, env=env, stdout=fout, stderr=ferr,
+                    start_new_session=True))  # its own process group, killed as one
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """Exit codes; kills everything and fails at the deadline or on a failing process."""
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in self.procs):
+            # A failed process leaves its peers blocked in collectives: stop at once.
+            if any(p.poll() not in (None, 0) for p in self.procs):
+                break
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"job did not finish in {timeout_s}s\n{self.tails()}")
+            time.sleep(0.2)
+        self.kill()
+        return [p.returncode for p in self.procs]
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+    def stdout(self, i: int) -> str:
+        return self.logs[i][0].read_text()
+
+    def stderr(self, i: int) -> str:
+        return self.logs[i][1].read_text()
+
+    def tails(self) -> str:
+        return "\n".join(f"--- process {i} rc={p.returncode}\n{self.stdout(i)[-1500:]}"
+                         f"{self.stderr(i)[-3000:]}" for i, p in enumerate(self.procs))
+
+
+def run_job(commands, devices, log_dir) -> Job:
+    job = Job(commands, process_env(devices), log_dir)
+    try:
+        codes = job.wait(JOB_TIMEOUT_S)
+    finally:
+        job.kill()
+    assert codes == [0] * len(commands), job.tails()
+    return job
+
+
+def fdl_args(**hparams) -> list[str]:
+    return [f"--fdl.{k}={v!r}" for k, v in hparams.items()]
+
+
+def main_py(tmp_path, num, port, **hparams) -> list[list[str]]:
+    return [[sys.executable, "-u", str(REPO_ROOT / "main.py"),
+             "--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={tmp_path}/job",
+             "--multiprocess_gpu", f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}",
+             f"--host_idx={i}", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}",
+             *fdl_args(**hparams)] for i in range(num)]
+
+
+def worker(tmp_path, num, port, ici, dcn) -> list[list[str]]:
+    return [[sys.executable, "-u", "-m", "tests.test_multiprocess", "--worker",
+             f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}", f"--host_idx={i}",
+             f"--ici={json.dumps(ici)}", f"--dcn={json.dumps(dcn)}",
+             f"--out={tmp_path}/result{i}.json", f"--job_log_dir={tmp_path}/job"]
+            for i in range(num)]
+
+
+# ----- the reference: one process, 8 devices -------------------------------------------
+
+
+def train_and_evaluate(trainer) -> dict:
+    """Per-step losses of STEPS steps from a fresh state, then the evaluation."""
+    import jax
+
+    state = trainer.init_state()
+    data = trainer.make_train_input()
+    losses = []
+    for _ in range(STEPS):
+        with trainer.mesh:
+            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
+        losses.append(float(jax.device_get(metrics["loss"])))
+    evals = trainer.evaluate(state["params"], STEPS)
+    return {"losses": losses, "eval": evals}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    from tests.helpers import make_trainer
+
+    trainer = make_trainer(tmp_path_factory.mktemp("one"), ICI_MESH_SHAPE=[1, 8, 1], **RUN)
+    return train_and_evaluate(trainer)
+
+
+def max_rel_diff(a, b) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+# ----- the tests -------------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_main_py_two_processes_dp_across_hosts(tmp_path, one_process):
+    port = free_port()
+    job = run_job(main_py(tmp_path, 2, port, ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1],
+                          SUMMARY_INTERVAL_STEPS=1, EVAL_INTERVAL_STEPS=STEPS, **RUN),
+                  devices=4, log_dir=tmp_path / "logs")
+    console = job.stdout(0)
+    assert (f"jax.distributed: 2 processes, coordinator 127.0.0.1:{port}, 4 local and "
+            f"8 global devices") in console
+    losses = [float(x) for x in re.findall(r"^step +\d+ \| loss ([\d.]+)", console, re.M)]
+    # The console prints 4 decimals: within 5e-5 of the truth, far inside RTOL at loss ~8.
+    assert len(losses) == STEPS, console
+    print(f"main.py 2x4 DCN[2,1,1] ICI[1,2,2] losses {losses} vs one process "
+          f"{one_process['losses']}: max rel diff {max_rel_diff(losses, one_process['losses']):.2e}")
+    assert max_rel_diff(losses, one_process["losses"]) < RTOL
+    evaluation = re.search(r"eval synthetic_eval \| loss ([\d.]+) \| perplexity [\d.]+ \| "
+                           r"accuracy ([\d.]+)", console)
+    assert evaluation, console
+    expected = one_process["eval"]["synthetic_eval"]
+    assert float(evaluation[1]) == pytest.approx(expected["loss"], rel=RTOL, abs=5e-5)
+    assert float(evaluation[2]) == pytest.approx(expected["accuracy"], abs=5e-5)
+    # Process 1 trains silently; process 0 alone writes the config and the event files.
+    assert not re.search(r"^step ", job.stdout(1), re.M), job.stdout(1)
+    job_dir = tmp_path / "job"
+    assert json.loads((job_dir / "hyperparameters.json").read_text())["hyperparameters"][
+        "DCN_MESH_SHAPE"] == [2, 1, 1]
+    assert len(list((job_dir / "tb" / "train").glob("events.out.tfevents.*"))) == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("num, ici, dcn, rows, weight_rows", [
+    # FSDP across processes: each holds half of every weight's `data` dimension.
+    (2, [1, 4, 1], [1, 2, 1], [[0, 4], [4, 8]], [[0, 32], [32, 64]]),
+    # Data parallel across 4 processes (each a whole replica), FSDP over its 2 devices.
+    (4, [1, 2, 1], [4, 1, 1], [[0, 2], [2, 4], [4, 6], [6, 8]], [[0, 64]] * 4),
+], ids=["2x4-fsdp-across", "4x2-dp-across"])
+def test_processes_train_and_evaluate_like_one(tmp_path, one_process, num, ici, dcn, rows,
+                                               weight_rows):
+    port = free_port()
+    run_job(worker(tmp_path, num, port, ici, dcn), devices=8 // num, log_dir=tmp_path / "logs")
+    results = [json.loads((tmp_path / f"result{i}.json").read_text()) for i in range(num)]
+    for i, result in enumerate(results):
+        assert (result["process_index"], result["process_count"]) == (i, num)
+        assert result["rows"] == rows[i]  # each process loads only its slice of the batch
+        # Rows of the FSDP-sharded weight [D=64, F=256] on this process's devices.
+        assert result["ffn_rows"] == weight_rows[i]
+        diff = max_rel_diff(result["losses"], one_process["losses"])
+        print(f"{num}x{8 // num} DCN{dcn} ICI{ici} process {i}: losses {result['losses']} "
+              f"vs {one_process['losses']}: max rel diff {diff:.2e}")
+        assert diff < RTOL
+        # Evaluation outputs are replicated, so every process reads the same metrics.
+        for name, value in one_process["eval"]["synthetic_eval"].items():
+            assert result["eval"]["synthetic_eval"][name] == pytest.approx(value, rel=RTOL)
+
+
+@pytest.mark.multiprocess
+def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path):
+    port = free_port()
+    command = main_py(tmp_path, 2, port, **RUN)[0]  # process 0 of 2; process 1 never starts
+    command[command.index(f"--distributed_timeout_s={CONNECT_TIMEOUT_S}")] = (
+        "--distributed_timeout_s=3")
+    start = time.monotonic()
+    job = Job([command], process_env(4), tmp_path / "logs")
+    try:
+        codes = job.wait(60)
+    finally:
+        job.kill()
+    elapsed = time.monotonic() - start
+    assert codes == [2], job.tails()
+    lines = [line for line in job.stderr(0).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: jax.distributed: ")
+    assert f"127.0.0.1:{port}" in lines[0] and "--distributed_timeout_s=3" in lines[0]
+    assert elapsed < 40  # 3 s of waiting plus imports; not jax's 5-minute default
+
+
+# ----- when to start, and flag checks (no processes) -----------------------------------
+
+
+SRUN = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[001-002]", "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize("options, environ, expected", [
+    (distributed.DistributedOptions(), {}, False),
+    (distributed.DistributedOptions(multiprocess_gpu=True), {}, True),
+    (distributed.DistributedOptions(server_addr="h:1"), {}, True),
+    (distributed.DistributedOptions(), SRUN, True),  # srun -n 2 main.py ...
+    (distributed.DistributedOptions(), {**SRUN, "SLURM_NTASKS": "1"}, False),
+    # sbatch's batch script (no step yet): one copy, not a multi-process job.
+    (distributed.DistributedOptions(), {k: v for k, v in SRUN.items()
+                                        if k != "SLURM_STEP_NODELIST"}, False),
+    (distributed.DistributedOptions(), {"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1",
+                                        "OMPI_COMM_WORLD_SIZE": "4"}, True),
+])
+def test_when_jax_distributed_starts(options, environ, expected):
+    assert distributed.should_initialize(options, environ) is expected
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(server_addr="node001"), "--server_addr=node001: expected HOST:PORT"),
+    (dict(server_addr="node001:http"), "expected HOST:PORT"),
+    (dict(num_hosts=0), "--num_hosts=0: must be at least 1"),
+    (dict(num_hosts=2, host_idx=2), "--host_idx=2: must be in 0 .. --num_hosts - 1"),
+    (dict(multiprocess_gpu=True, timeout_s=0), "--distributed_timeout_s=0"),
+])
+def test_bad_flags_are_one_line_user_errors(options, message):
+    # The checks run before jax.distributed is touched, so this process stays single.
+    with pytest.raises(UserError, match=re.escape(message)):
+        distributed.initialize(distributed.DistributedOptions(**options), environ={})
+
+
+# ----- the worker program --------------------------------------------------------------
+
+
+def worker_main(argv: list[str]) -> None:
+    """One process of a driver job: start jax.distributed, train, evaluate, write JSON."""
+    parser = argparse.ArgumentParser()
+    for name in ("server_addr", "ici", "dcn", "out", "job_log_dir"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--num_hosts", type=int, required=True)
+    parser.add_argument("--host_idx", type=int, required=True)
+    args = parser.parse_args(argv)
+    distributed.initialize(distributed.DistributedOptions(
+        server_addr=args.server_addr, num_hosts=args.num_hosts, host_idx=args.host_idx,
+        timeout_s=CONNECT_TIMEOUT_S))
+
+    import jax
+
+    from tests.helpers import make_trainer
+
+    trainer = make_trainer(args.job_log_dir, ICI_MESH_SHAPE=json.loads(args.ici),
+                           DCN_MESH_SHAPE=json.loads(args.dcn), **RUN)
+    result = train_and_evaluate(trainer)
+    ffn = trainer.abstract_state["params"]["lm"]["transformer"]["x_layers_0"]["ff_layer"][
+        "ffn_layer1"]["linear"]["w"]
+    local_rows = [index[0].indices(ffn.shape[0])[:2] for index in
+                  ffn.sharding.addressable_devices_indices_map(ffn.shape).values()]
+    result.update(
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        rows=list(trainer.process_rows),
+        ffn_rows=[min(a for a, _ in local_rows), max(b for _, b in local_rows)],
+        local_devices=jax.local_device_count(),
+    )
+    assert not math.isnan(result["losses"][-1])
+    Path(args.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    import layers  # noqa: F401  # praxis compat patches, as tests/conftest.py does
+
+    worker_main(sys.argv[2:])
