@@ -34,7 +34,7 @@ CHOICES = {
         "save_iteration_input",
         "save_transformer_layer_output",
     ),
-    "DATASET": ("synthetic", "pile", "none"),
+    "DATASET": ("pile", "sample", "synthetic", "none"),
 }
 
 
@@ -74,7 +74,9 @@ class BaseExperiment:
     CLIP_GRADIENT_NORM_TO_VALUE: float = 1.0  # 0 disables clipping
 
     # --- Data ---
-    DATASET: str = "synthetic"  # "pile" (needs --data_dir), "synthetic", "none"
+    # "pile": The Pile under --data_dir; "sample": the built-in corpus (Python's docs in
+    # Pile format); "synthetic": generated sequences; "none": evaluation only.
+    DATASET: str = "synthetic"
     LAMBADA_EVAL: bool = False  # evaluate on Lambada at every eval interval
     EVAL_BATCHES: int = 4  # Pile validation batches per evaluation
     LAMBADA_MAX_EXAMPLES: int = 0  # 0 = the whole Lambada set

@@ -3,8 +3,10 @@
 Model sizes, meshes and batch sizes follow the Pax GPU configs; optimizer
 settings follow GPT-3 (Brown et al. 2020, table 2.1): Adam beta2 0.95, weight
 decay 0.1, clipping at 1.0, cosine decay to 10% of the peak rate.
-Until a data set is named, each trains on synthetic data; the Synthetic*
-variants stay synthetic for benchmarks whatever the default becomes.
+They train on The Pile (--data_dir, VOCAB_PATH) with Pile validation and
+Lambada evaluated every EVAL_INTERVAL_STEPS; the Synthetic* variants train on
+generated data for benchmarks. The dataset is a hyperparameter like any other:
+`--fdl.DATASET="synthetic"` switches any of them.
 """
 
 from experiments.base import BaseExperiment
@@ -26,13 +28,16 @@ class _GPT(BaseExperiment):
     SUMMARY_INTERVAL_STEPS = 100
     EVAL_INTERVAL_STEPS = 1000
     CHECKPOINT_EVERY_N_STEPS = 1000
+    DATASET = "pile"
+    LAMBADA_EVAL = True
+    EVAL_BATCHES = 10
 
 
 @register
 class GPT126M(_GPT):
     """GPT-3 Small, 126M parameters; pure data parallelism on 8 GPUs per node.
 
-    python main.py --fdl_config=experiments.GPT126M --job_log_dir=runs/gpt126m
+    VOCAB_PATH=c4_en_301_5Mexp2_spm.model python main.py --fdl_config=experiments.GPT126M --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/gpt126m
     """
 
     NUM_LAYERS = 12
@@ -53,7 +58,7 @@ class GPT126M(_GPT):
 class GPT5B(_GPT):
     """5B parameters; FSDP over the 8 GPUs of a node, one repeated (scanned) layer.
 
-    python main.py --fdl_config=experiments.GPT5B --fdl.PERCORE_BATCH_SIZE=4 --job_log_dir=runs/gpt5b
+    python main.py --fdl_config=experiments.GPT5B --fdl.PERCORE_BATCH_SIZE=4 --data_dir=$TFDS_DATA_DIR --vocab_path=spm.model --job_log_dir=runs/gpt5b
     """
 
     NUM_LAYERS = 24
@@ -76,7 +81,7 @@ class GPT5B(_GPT):
 class GPT175B(_GPT):
     """GPT-3 175B; FSDP within a node (the reference trains it FSDP256 on 32 nodes).
 
-    python main.py --fdl_config=experiments.GPT175B --fdl.DCN_MESH_SHAPE=[1,32,1] --job_log_dir=runs/gpt175b
+    python main.py --fdl_config=experiments.GPT175B --fdl.DCN_MESH_SHAPE=[1,32,1] --data_dir=$TFDS_DATA_DIR --vocab_path=spm.model --job_log_dir=runs/gpt175b
     """
 
     NUM_LAYERS = 96
@@ -96,6 +101,25 @@ class GPT175B(_GPT):
 
 
 @register
+class Pile126M(GPT126M):
+    """The reference's name for GPT126M on The Pile (paxml scripts_gpu configs.Pile126M).
+
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Pile126M --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/pile126m
+    """
+
+
+@register
+class Lambada126M(GPT126M):
+    """Zero-shot Lambada evaluation of a GPT126M checkpoint (as run_lambada_singlenode.sh).
+
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Lambada126M --mode=eval --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/pile126m
+    """
+
+    DATASET = "none"
+    LAMBADA_EVAL = True
+
+
+@register
 class Synthetic126M(GPT126M):
     """GPT126M on synthetic data, for throughput benchmarks.
 
@@ -103,6 +127,7 @@ class Synthetic126M(GPT126M):
     """
 
     DATASET = "synthetic"
+    LAMBADA_EVAL = False
 
 
 @register
@@ -113,6 +138,7 @@ class Synthetic5B(GPT5B):
     """
 
     DATASET = "synthetic"
+    LAMBADA_EVAL = False
 
 
 @register
@@ -123,15 +149,20 @@ class Synthetic175B(GPT175B):
     """
 
     DATASET = "synthetic"
+    LAMBADA_EVAL = False
 
 
 @register
 class Tiny(BaseExperiment):
-    """A 2-layer, 64-wide GPT that trains in about a minute on 8 fake CPU devices (`make run`).
+    """A 2-layer, 64-wide GPT on the built-in sample corpus, 8 fake CPU devices (`make run`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.Tiny --job_log_dir=runs/tiny
     """
 
+    DATASET = "sample"
+    LAMBADA_EVAL = True
+    VOCAB_SIZE = 1024  # the sample vocabulary's size
+    MAX_SEQ_LEN = 128
     ICI_MESH_SHAPE = [2, 2, 2]
     PERCORE_BATCH_SIZE = 2
     LEARNING_RATE = 3e-3

@@ -9,7 +9,7 @@ import fiddle as fdl
 from layers.gpt import gpt_model_config
 from runner import optimizer, spec
 from runner.errors import UserError
-from tasks import synthetic
+from tasks import datasets, synthetic
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
@@ -76,25 +76,48 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
 
 
 def _datasets(exp, data_dir, vocab_path):
-    """(train input factory or None, [EvalSpec configs]) for exp.DATASET."""
-    if exp.DATASET == "none":
-        if exp.LAMBADA_EVAL:
-            return None, [_lambada_eval(exp, data_dir, vocab_path)]
-        raise UserError("DATASET='none' needs LAMBADA_EVAL=True (an eval-only experiment)")
+    """(train input factory or None, [EvalSpec configs]) for exp.DATASET and LAMBADA_EVAL."""
     if exp.DATASET == "synthetic":
         train = fdl.Partial(synthetic.SyntheticTrainInput, seq_len=exp.MAX_SEQ_LEN,
                             vocab_size=exp.VOCAB_SIZE, seed=exp.TRAIN_INPUT_RANDOM_SEED)
         evals = []
-        if exp.EVAL_INTERVAL_STEPS and exp.EVAL_BATCHES:
+        if exp.EVAL_BATCHES:
             evals.append(fdl.Config(
                 spec.EvalSpec, name="synthetic_eval", kind="lm",
                 make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=exp.MAX_SEQ_LEN,
                                        vocab_size=exp.VOCAB_SIZE, num_batches=exp.EVAL_BATCHES,
                                        # A seed of its own: evaluation never sees training rows.
                                        seed=exp.TRAIN_INPUT_RANDOM_SEED + 1_000_003)))
+        if exp.LAMBADA_EVAL:
+            raise UserError("LAMBADA_EVAL=True needs text data: set --fdl.DATASET=\"pile\" "
+                            "(with --data_dir) or \"sample\"")
         return train, evals
-    raise UserError(f"DATASET={exp.DATASET!r} is not available yet")
 
-
-def _lambada_eval(exp, data_dir, vocab_path):
-    raise UserError("Lambada evaluation is not available yet")
+    # Text data in the Pile layout: the real thing, or the built-in sample corpus.
+    if exp.DATASET == "sample":
+        data_dir = fdl.Config(datasets.sample_data_dir)
+        vocab_path = fdl.Config(datasets.sample_vocab_path)
+    else:
+        data_dir = fdl.Config(datasets.required_data_dir, data_dir)
+    # One shared node: the vocabulary is loaded (and checked) once for all inputs.
+    vocab = fdl.Config(datasets.vocabulary, vocab_path=vocab_path, vocab_size=exp.VOCAB_SIZE)
+    train = None
+    evals = []
+    if exp.DATASET != "none":
+        train = fdl.Partial(datasets.pile_train_input, data_dir=data_dir, vocab=vocab,
+                            seq_len=exp.MAX_SEQ_LEN, seed=exp.TRAIN_INPUT_RANDOM_SEED,
+                            packed=exp.PACKED_INPUT)
+        if exp.EVAL_BATCHES:
+            evals.append(fdl.Config(
+                spec.EvalSpec, name="pile_val", kind="lm",
+                make_input=fdl.Partial(datasets.pile_eval_input, data_dir=data_dir, vocab=vocab,
+                                       seq_len=exp.MAX_SEQ_LEN, num_batches=exp.EVAL_BATCHES)))
+    if exp.LAMBADA_EVAL:
+        evals.append(fdl.Config(
+            spec.EvalSpec, name="lambada", kind="lambada",
+            make_input=fdl.Partial(datasets.LambadaEvalInput, data_dir=data_dir, vocab=vocab,
+                                   seq_len=exp.MAX_SEQ_LEN,
+                                   max_examples=exp.LAMBADA_MAX_EXAMPLES)))
+    if train is None and not evals:
+        raise UserError("DATASET='none' needs LAMBADA_EVAL=True (an evaluation-only experiment)")
+    return train, evals

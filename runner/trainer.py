@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from runner import mesh as mesh_lib
 from runner import throughput
+from runner.errors import UserError
 from runner.prefetch import Prefetcher
 from runner.spec import RunSpec
 from runner.summaries import SummaryWriter, format_duration, log
@@ -26,6 +27,7 @@ from runner.train_state import (
     param_partition_specs,
     state_shardings,
 )
+from tasks import lambada
 
 BATCH_DTYPES = {
     "ids": jnp.int32,
@@ -95,6 +97,7 @@ class Trainer:
         )
         self.peak_flops = throughput.peak_flops_per_device(jax.devices()[0], peak_tflops)
         self.checkpointer = None  # set by the caller (runner.checkpoints) when saving
+        self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
         self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------
@@ -135,7 +138,7 @@ class Trainer:
         return new_state, metrics
 
     def _eval_step(self, params, batch):
-        """Per-example sums: [B] target log-probability, target tokens, correct target tokens."""
+        """Per-example [B] sums of target log-probability, target tokens and correct targets."""
         with _context(do_eval=True):
             predictions = self.model.apply(
                 {"params": params},
@@ -149,6 +152,9 @@ class Trainer:
             "logprob": jnp.sum(logprob * weights, axis=1),
             "num_targets": jnp.sum(weights, axis=1),
             "num_correct": jnp.sum(correct * weights, axis=1),
+            # Per-token outputs for Lambada's per-example predictions file.
+            "argmax": predictions.per_example_argmax.astype(jnp.int32),  # [B, T]
+            "weights": weights,  # [B, T]
         }
 
     # ----- host side ------------------------------------------------------------
@@ -158,14 +164,25 @@ class Trainer:
             return self._init(jax.random.key(self.run.loop.random_seed))
 
     def to_device(self, host_batch: dict) -> dict:
-        """This process's rows of the global batch -> global arrays sharded over the mesh."""
-        return {
-            k: jax.make_array_from_process_local_data(
-                self.data_sharding, np.asarray(host_batch[k], BATCH_DTYPES[k]),
-                self.batch_shapes[k].shape,
-            )
-            for k in BATCH_DTYPES
-        }
+        """This process's rows of the global batch -> global arrays sharded over the mesh.
+
+        Each device gets its block by a plain device_put: no XLA program runs, so
+        this is safe on the prefetch thread while a train step is in flight (a
+        resharding program there can deadlock collectives on the CPU backend).
+        """
+        first_row = self.process_rows[0]
+        arrays = {}
+        for k, dtype in BATCH_DTYPES.items():
+            local = np.asarray(host_batch[k], dtype)  # [rows of this process, T]
+            shape = self.batch_shapes[k].shape
+            index_map = self.data_sharding.addressable_devices_indices_map(shape)
+            blocks = []
+            for device, (rows, cols) in index_map.items():
+                start, stop, _ = rows.indices(shape[0])  # global row range of this device
+                blocks.append(jax.device_put(local[start - first_row:stop - first_row, cols],
+                                             device))
+            arrays[k] = jax.make_array_from_single_device_arrays(shape, self.data_sharding, blocks)
+        return arrays
 
     def writer(self, name: str) -> SummaryWriter:
         if name not in self._writers:
@@ -202,6 +219,10 @@ class Trainer:
                     state, metrics = self.train_step(state, batch)
                 step += 1
                 pending.append(metrics)
+                if self.preemption is not None and self.preemption.reached(step):
+                    log(f"step {step}: {self.preemption.received} received; saving a "
+                        f"checkpoint and stopping (run the same command again to resume)")
+                    break
                 if first_step:
                     # Time the first step (compilation) apart from the steady state.
                     first_step = False
@@ -267,42 +288,55 @@ class Trainer:
         log(line)
         self.writer("train").scalars(step, scalars)
 
-    def evaluate(self, params, step: int) -> dict[str, dict[str, float]]:
-        """Run every evaluation set once; log and write the results; return them."""
+    def evaluate(self, params, step: int, predictions_dir: str | None = None):
+        """Run every evaluation set once; log and write the results; return them.
+
+        With `predictions_dir`, Lambada's per-example predictions are written there
+        as lambada_predictions.jsonl (process 0).
+        """
         results = {}
         for ev in self.run.evals:
             start = time.perf_counter()
-            sums = {"logprob": [], "num_targets": [], "num_correct": []}
             data = ev.make_input(global_batch_size=self.global_batch_size,
                                  process_rows=self.process_rows)
+            outputs = []
             for host_batch in data:
                 with self.mesh:
-                    out = jax.device_get(self.eval_step(params, self.to_device(host_batch)))
-                for k in sums:
-                    sums[k].append(out[k])
-            arrays = {k: np.concatenate(v) if v else np.zeros(0) for k, v in sums.items()}
-            metrics = summarize_eval(ev.kind, arrays)
+                    out = self.eval_step(params, self.to_device(host_batch))
+                outputs.append(jax.device_get(out))
+            if not outputs:
+                raise UserError(f"evaluation set {ev.name} produced no batches")
+            per_example = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+            metrics = summarize_eval(ev.kind, per_example)
             results[ev.name] = metrics
             shown = " | ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             log(f"step {step:>6} | eval {ev.name} | {shown} | {time.perf_counter() - start:.1f}s")
             self.writer("eval").scalars(step, {f"{ev.name}/{k}": v for k, v in metrics.items()})
+            if predictions_dir and ev.kind == "lambada" and jax.process_index() == 0:
+                path = write_lambada_predictions(predictions_dir, data, per_example)
+                log(f"wrote per-example predictions to {path}")
         return results
 
 
-def summarize_eval(kind: str, sums: dict[str, np.ndarray]) -> dict[str, float]:
+def summarize_eval(kind: str, per_example: dict[str, np.ndarray]) -> dict[str, float]:
     """Per-example sums -> metrics. Rows without target tokens are padding and are ignored."""
-    real = sums["num_targets"] > 0
-    logprob, targets, correct = (sums[k][real] for k in ("logprob", "num_targets", "num_correct"))
-    total_tokens = float(targets.sum())
-    if total_tokens == 0:
-        return {}
-    loss = -float(logprob.sum()) / total_tokens
-    if kind == "lm":
-        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-                "accuracy": float(correct.sum()) / total_tokens}
-    return {
-        "accuracy": float(np.mean(correct == targets)),
-        "target_log_likelihood": float(np.mean(logprob)),
-        "perplexity": math.exp(min(loss, 50.0)),
-        "examples": float(real.sum()),
-    }
+    if kind == "lambada":
+        return lambada.lambada_metrics(
+            per_example["num_correct"], per_example["num_targets"], per_example["logprob"])
+    real = per_example["num_targets"] > 0
+    tokens = float(per_example["num_targets"][real].sum())
+    loss = -float(per_example["logprob"][real].sum()) / tokens
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+            "accuracy": float(per_example["num_correct"][real].sum()) / tokens}
+
+
+def write_lambada_predictions(directory: str, data, per_example: dict[str, np.ndarray]) -> str:
+    """lambada_predictions.jsonl: context, target, decoded prediction, correct, logprob."""
+    count = len(data.examples)  # rows past the last example are batch padding
+    weights = per_example["weights"][:count] > 0  # [N, T] target positions
+    predicted = [row[mask].tolist() for row, mask in zip(per_example["argmax"][:count], weights,
+                                                         strict=True)]
+    return str(lambada.write_predictions(
+        f"{directory}/lambada_predictions.jsonl", data.examples, data.vocab,
+        per_example["num_correct"][:count], per_example["num_targets"][:count],
+        per_example["logprob"][:count], predicted))

@@ -1,0 +1,103 @@
+"""Training on text in the real Pile/Lambada formats, end to end through the runner."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from praxis import pax_fiddle
+
+import experiments
+from runner import mesh as mesh_lib
+from runner.trainer import Trainer
+from tasks.train_vocab import train_sentencepiece
+from tests.data_fixtures import REPO_ROOT, write_lines, write_pile
+from tests.helpers import TINY
+
+_WORDS = ("amber basil cedar delta ember fable garnet harbor indigo jasper kestrel lumen "
+          "meadow nectar orchid pewter quartz raven sable thistle umber violet willow yarrow").split()
+
+
+def _phrases(n=12, words=7, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.sample(_WORDS, words)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def learnable_data(tmp_path_factory):
+    """Documents made of a few fixed phrases; Lambada asks for each phrase's last word."""
+    root = tmp_path_factory.mktemp("learnable")
+    phrases = _phrases()
+    rng = random.Random(1)
+    docs = [". ".join(rng.choice(phrases) for _ in range(rng.randint(3, 12))) for _ in range(600)]
+    for i in range(2):
+        write_pile(root / "pile" / "train" / f"{i:02d}.jsonl.zst", docs[i * 250:(i + 1) * 250])
+    write_pile(root / "pile" / "val.jsonl.zst", docs[500:])
+    write_lines(root / "lambada" / "lambada_test.jsonl", [{"text": p} for p in phrases])
+    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
+    return root, vocab
+
+
+def _trainer(tmp_path, data_dir, vocab, **overrides):
+    exp = experiments.BaseExperiment(**{
+        **TINY, "DATASET": "pile", "LAMBADA_EVAL": True, "VOCAB_SIZE": 512,
+        "ICI_MESH_SHAPE": [2, 2, 2], "PERCORE_BATCH_SIZE": 1, "EVAL_BATCHES": 2,
+        "LEARNING_RATE": 3e-3, "LR_COS_WARMUP": 5, "LR_COS_DECAY_START": 5, **overrides})
+    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
+    run = pax_fiddle.build(exp.run_config(data_dir=data_dir and str(data_dir), vocab_path=str(vocab)))
+    return Trainer(run, mesh, str(tmp_path))
+
+
+def test_lambada_accuracy_rises_above_chance(tmp_path, learnable_data):
+    data_dir, vocab = learnable_data
+    trainer = _trainer(tmp_path, data_dir, vocab, MAX_STEPS=120, LR_COS_DECAY_END=120,
+                       SUMMARY_INTERVAL_STEPS=40)
+    state = trainer.init_state()
+    before = trainer.evaluate(state["params"], 0)
+    state = trainer.train(state)
+    after = trainer.evaluate(state["params"], 120, predictions_dir=str(tmp_path))
+    assert before["lambada"]["accuracy"] < 0.1
+    assert after["lambada"]["accuracy"] >= 0.5, after
+    assert after["pile_val"]["loss"] < 0.5 * before["pile_val"]["loss"]
+    lines = (tmp_path / "lambada_predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 12
+    record = json.loads(lines[0])
+    assert set(record) >= {"context", "target", "prediction", "correct", "target_logprob"}
+    # The metric counts an example correct exactly when the whole target is predicted.
+    correct = [json.loads(line)["correct"] for line in lines]
+    assert sum(correct) / len(correct) == pytest.approx(after["lambada"]["accuracy"])
+    # TensorBoard events for both evaluation sets.
+    assert list((tmp_path / "tb" / "eval").glob("events.out.tfevents.*"))
+
+
+def test_main_trains_on_pile_layout_and_evaluates(tmp_path, learnable_data):
+    data_dir, vocab = learnable_data
+    cmd = [sys.executable, "main.py", "--fdl_config=experiments.GPT126M",
+           f"--data_dir={data_dir}", f"--job_log_dir={tmp_path / 'job'}",
+           *[f"--fdl.{k}={v!r}" for k, v in {
+               **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "ICI_MESH_SHAPE": [8, 1, 1],
+               "PERCORE_BATCH_SIZE": 1, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
+               "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LR_COS_WARMUP": 1,
+               "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4,
+               "CHECKPOINT_EVERY_N_STEPS": 0}.items()]]
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "eval pile_val | loss" in out.stdout
+    assert "eval lambada | accuracy" in out.stdout
+
+
+def test_vocab_size_smaller_than_the_vocabulary_is_one_line_error(tmp_path, learnable_data):
+    data_dir, vocab = learnable_data
+    with pytest.raises(Exception, match=r"VOCAB_SIZE=256 but .* has 512 pieces; set "
+                                        r"--fdl.VOCAB_SIZE=512"):
+        _trainer(tmp_path, data_dir, vocab, VOCAB_SIZE=256)
+
+
+def test_missing_data_dir_is_named(tmp_path, learnable_data):
+    _, vocab = learnable_data
+    with pytest.raises(Exception, match=r"needs --data_dir"):
+        _trainer(tmp_path, None, vocab)
