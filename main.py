@@ -5,6 +5,11 @@
 `--fdl.NAME=VALUE` overrides the experiment's hyperparameter NAME; VALUE is a
 Python literal (8, 0.5, [1,8,1], "bfloat16"). Mistakes in flags or
 hyperparameters print one line and exit with status 2.
+
+Training resumes from the latest checkpoint in --job_log_dir. Exit status: 0 when
+training finished, or when SIGTERM/--preemption_signal stopped it after saving a
+checkpoint; 2 for a user error; 3 when the loss became NaN/Inf (the last good
+checkpoint is kept).
 """
 
 import ast
@@ -39,6 +44,15 @@ flags.DEFINE_integer("num_hosts", None, "Number of processes in the job.")
 flags.DEFINE_integer("host_idx", None, "This process's index, 0 .. num_hosts - 1.")
 flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to wait for every process to "
                      "reach the coordinator before failing.")
+# Checkpoints and preemption; see runner/checkpoints.py and runner/preemption.py.
+flags.DEFINE_string("restore_checkpoint_dir", None, "Start from a checkpoint in this directory "
+                    "(a job_log_dir or its checkpoints/): fine-tuning, or --mode=eval of another "
+                    "run. New checkpoints still go to --job_log_dir, whose own checkpoints win "
+                    "when training and it has some.")
+flags.DEFINE_integer("restore_checkpoint_step", None, "Step to restore; default: the latest.")
+flags.DEFINE_string("preemption_signal", "SIGUSR1", "Besides SIGTERM, this signal also makes "
+                    "training save a checkpoint after the current step and exit 0; 'none' for "
+                    "SIGTERM only.")
 
 FDL_PREFIX = "--fdl."
 
@@ -118,7 +132,10 @@ def main(argv: list[str]) -> int:
                         "checkpoints go)")
     start_distributed()  # before any jax device use; after flag checks, so typos fail fast
     job.run(exp, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir, data_dir=data_dir,
-            vocab_path=vocab_path, peak_tflops=FLAGS.peak_tflops)
+            vocab_path=vocab_path, peak_tflops=FLAGS.peak_tflops,
+            restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
+            restore_checkpoint_step=FLAGS.restore_checkpoint_step,
+            preemption_signal=FLAGS.preemption_signal)
     return 0
 
 
@@ -130,3 +147,10 @@ if __name__ == "__main__":
     except (UserError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Exception as error:
+        # Only a run that got as far as importing the trainer can have diverged.
+        trainer = sys.modules.get("runner.trainer")
+        if trainer is None or not isinstance(error, trainer.NonFiniteLossError):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(3)

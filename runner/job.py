@@ -8,6 +8,7 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
+from runner import checkpoints, preemption
 from runner import mesh as mesh_lib
 from runner.errors import UserError
 from runner.summaries import log
@@ -40,24 +41,55 @@ def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:
 
 
 def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
-        peak_tflops: float = 0.0):
+        peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
+        restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1"):
+    experiment = f"{type(exp).__module__}.{type(exp).__name__}"
+    checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
+    preemption.parse_signal(preemption_signal)  # a bad flag fails before any work
+    if mode == "train":
+        # Before anything is written there: one directory never mixes two experiments.
+        checkpoints.check_experiment(checkpoint_dir, experiment)
     config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path)
     mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
     mesh_lib.global_batch_size(exp.PERCORE_BATCH_SIZE, mesh)  # fail fast on a bad batch
-    if _is_primary():
+    # Evaluating a training run's directory (another experiment, e.g. Lambada126M on a
+    # GPT126M run) must not overwrite that run's recorded config.
+    if _is_primary() and (mode == "train" or checkpoints.latest_step(checkpoint_dir) is None):
         write_config(job_log_dir, exp, config)
     run_spec = pax_fiddle.build(config)
     trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=peak_tflops)
+    source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
+                                        restore_checkpoint_step, mode)
     if mode == "eval":
         if not run_spec.evals:
             raise UserError(f"{run_spec.name} has no evaluation sets; set --fdl.EVAL_BATCHES "
                             f"or --fdl.LAMBADA_EVAL=True")
-        state = trainer.init_state()
-        log("evaluating freshly initialised parameters (no checkpoint restore yet)")
-        return trainer.evaluate(state["params"], int(state["step"]))
+        if source is None:
+            raise UserError(f"--mode=eval evaluates a checkpoint, and {checkpoint_dir} has none; "
+                            f"train first, or pass --restore_checkpoint_dir")
+        restored = checkpoints.restore(*source, trainer.abstract_state, params_only=True)
+        log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
+            f"from {restored.path}")
+        return trainer.evaluate(restored.state["params"], restored.step,
+                                predictions_dir=job_log_dir)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
-    return trainer.train()
+    state = input_state = None
+    if source is not None:
+        restored = checkpoints.restore(*source, trainer.abstract_state)
+        state, input_state = restored.state, restored.input_state
+        log(f"restored step {restored.step} from {restored.path}")
+    metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
+                                        trainer.abstract_state["params"])
+    loop = run_spec.loop
+    with (
+        checkpoints.Checkpointer(checkpoint_dir, metadata=metadata,
+                                 every_n_steps=loop.checkpoint_every_n_steps,
+                                 max_to_keep=loop.checkpoint_max_to_keep,
+                                 writer=trainer.writer("train")) as trainer.checkpointer,
+        preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
+    ):
+        return trainer.train(state, input_state)
 
 
 def _is_primary() -> bool:

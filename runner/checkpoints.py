@@ -1,0 +1,326 @@
+"""Checkpoints: the train state saved and restored with orbax, asynchronously.
+
+Each step is one directory, job_log_dir/checkpoints/<step>/, holding three items:
+
+    state/     {'step', 'params', 'opt_state'}: the sharded arrays, written by every
+               process for its own shards (orbax PyTree handler, tensorstore)
+    input/     the input pipeline's position, `data.get_state()` (JSON)
+    metadata/  experiment name, shape hyperparameters, parameter shapes and dtypes (JSON)
+
+There is no RNG item: the step's dropout key is fold_in(key(RANDOM_SEED), step)
+(Trainer._train_step), so restoring the step restores the random stream.
+
+Orbax writes a step into `<step>.orbax-checkpoint-tmp` and renames it once every
+item is complete, and deletes old steps only after that; so a save cut short by
+a crash, SIGKILL or full disk is never taken for a checkpoint and never costs
+the previous one.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+
+import jax
+import orbax.checkpoint as ocp
+
+from runner.errors import UserError
+from runner.summaries import log
+
+# Hyperparameters that decide parameter shapes: recorded so that a mismatch can
+# be explained in the experiment's own terms.
+SHAPE_HYPERPARAMETERS = (
+    "NUM_LAYERS", "NUM_HEADS", "MODEL_DIMS", "HIDDEN_DIMS", "DIMS_PER_HEAD", "VOCAB_SIZE",
+    "MAX_SEQ_LEN", "USE_REPEATED_LAYER", "ICI_MESH_SHAPE", "DCN_MESH_SHAPE",
+)
+
+
+def job_checkpoint_dir(job_log_dir: str) -> str:
+    return os.path.join(os.path.abspath(job_log_dir), "checkpoints")
+
+
+def _handlers() -> dict:
+    # Orbax's replica-parallel save splits each replicated array so that every
+    # replica writes a part: worth it when replicas sit on different hosts, but in
+    # one process it only adds eager slice ops (a tiny model's first save: 11 s
+    # instead of 0.2 s on CPU, compiling them).
+    arrays = ocp.type_handlers.ArrayHandler(use_replica_parallel=jax.process_count() > 1)
+    registry = ocp.type_handlers.create_type_handler_registry((jax.Array, arrays))
+    return {
+        "state": ocp.PyTreeCheckpointHandler(type_handler_registry=registry),
+        "input": ocp.JsonCheckpointHandler(),
+        "metadata": ocp.JsonCheckpointHandler(),
+    }
+
+
+def _path_str(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def param_shapes(params) -> dict[str, dict]:
+    """{'lm/softmax/embedding/w': {'shape': [V, D], 'dtype': 'float32'}, ...} of a (abstract) tree."""
+    return {
+        _path_str(path): {"shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+
+
+def run_metadata(experiment: str, hyperparameters: dict, abstract_params) -> dict:
+    """The metadata item: what a person (or a refusal message) needs to know about a checkpoint."""
+    return {
+        "experiment": experiment,
+        "hyperparameters": {k: hyperparameters[k] for k in SHAPE_HYPERPARAMETERS
+                            if k in hyperparameters},
+        "params": param_shapes(abstract_params),
+    }
+
+
+@contextlib.contextmanager
+def _reader(directory: str):
+    """A read-only CheckpointManager over `directory` (which may not exist)."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    # Orbax warns on every read-only open that the directory is read-only; that is the point.
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        manager = ocp.CheckpointManager(
+            os.path.abspath(directory), item_handlers=_handlers(),
+            options=ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                                 save_interval_steps=0),
+        )
+    finally:
+        absl_logger.setLevel(level)
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def latest_step(directory: str) -> int | None:
+    """The newest complete checkpoint in `directory`, or None (also when it does not exist)."""
+    if not os.path.isdir(directory):
+        return None
+    with _reader(directory) as manager:
+        return manager.latest_step()
+
+
+def read_metadata(directory: str, step: int) -> dict:
+    with _reader(directory) as manager:
+        restored = manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))
+    return restored["metadata"] or {}
+
+
+def check_experiment(directory: str, experiment: str) -> None:
+    """Refuse to train `experiment` into a checkpoint directory that belongs to another one."""
+    step = latest_step(directory)
+    if step is None:
+        return
+    saved = read_metadata(directory, step).get("experiment")
+    if saved is not None and saved != experiment:
+        job_log_dir = os.path.dirname(directory)
+        raise UserError(
+            f"--job_log_dir={job_log_dir} holds checkpoints of {saved} (latest step {step}), "
+            f"not {experiment}; use another --job_log_dir (add "
+            f"--restore_checkpoint_dir={directory} to start from those weights)"
+        )
+
+
+def _check_shapes(directory: str, step: int, saved_params, abstract_params) -> None:
+    """UserError naming the first parameter whose saved shape differs from this model's.
+
+    Dtypes may differ: orbax casts on restore, as a change of parameter dtype intends.
+    """
+    saved = {_path_str(p): leaf.shape
+             for p, leaf in jax.tree_util.tree_flatten_with_path(saved_params)[0]}
+    where = f"checkpoint {os.path.join(directory, str(step))}"
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        name = _path_str(path)
+        if name not in saved:
+            raise UserError(f"{where} has no parameter {name} {tuple(leaf.shape)}: it holds "
+                            f"another model; check the shape hyperparameters (NUM_LAYERS, ...)")
+        if tuple(saved[name]) != tuple(leaf.shape):
+            raise UserError(f"{where} holds parameter {name} with shape {tuple(saved[name])}, "
+                            f"but this model's is {tuple(leaf.shape)}: it is another model; "
+                            f"check the shape hyperparameters (MODEL_DIMS, HIDDEN_DIMS, ...)")
+    extra = sorted(set(saved) - {_path_str(p) for p, _ in
+                                 jax.tree_util.tree_flatten_with_path(abstract_params)[0]})
+    if extra:
+        raise UserError(f"{where} holds parameter {extra[0]} {tuple(saved[extra[0]])}, which "
+                        f"this model lacks: it is another model")
+
+
+def restore_source(job_dir: str, restore_dir: str | None, restore_step: int | None,
+                   mode: str) -> tuple[str, int] | None:
+    """The (directory, step) a run starts from, or None for freshly initialised parameters.
+
+    Training resumes from the job's own checkpoints whenever it has any, so running
+    the same command again after a preemption continues where it stopped, even a
+    fine-tuning command: --restore_checkpoint_dir only seeds a job that has none.
+    Evaluation takes --restore_checkpoint_dir whenever it is given.
+    """
+    own = latest_step(job_dir)
+    if restore_dir and (mode == "eval" or own is None):
+        directory = os.path.abspath(restore_dir)
+        if os.path.isdir(os.path.join(directory, "checkpoints")):  # a job_log_dir was given
+            directory = os.path.join(directory, "checkpoints")
+        step = latest_step(directory) if restore_step is None else restore_step
+        if step is None:
+            raise UserError(f"--restore_checkpoint_dir={restore_dir}: no checkpoint in {directory}")
+        return directory, step
+    if restore_dir:
+        log(f"{job_dir} has checkpoints (latest step {own}): resuming from them; "
+            f"--restore_checkpoint_dir only seeds a job that has none")
+        return job_dir, own
+    if restore_step is None:
+        return None if own is None else (job_dir, own)
+    if own is None:
+        raise UserError(f"--restore_checkpoint_step={restore_step}: {job_dir} has no checkpoints")
+    if mode == "train" and restore_step != own:
+        raise UserError(
+            f"--restore_checkpoint_step={restore_step}: {job_dir} has later checkpoints (latest "
+            f"step {own}), and training on from an earlier one would mix two histories in one "
+            f"directory; use a new --job_log_dir with --restore_checkpoint_dir={job_dir} "
+            f"--restore_checkpoint_step={restore_step}")
+    return job_dir, restore_step
+
+
+@dataclasses.dataclass
+class Restored:
+    step: int
+    path: str
+    state: dict  # {'step', 'params', 'opt_state'}, or only {'params'}
+    input_state: dict | None
+    metadata: dict
+
+
+def restore(directory: str, step: int | None, abstract_state: dict, *,
+            params_only: bool = False) -> Restored:
+    """Read a checkpoint straight into the layout of `abstract_state` (ShapeDtypeStructs with
+    shardings): each device reads only its own shards, whatever mesh wrote them."""
+    with _reader(directory) as manager:
+        steps = manager.all_steps()
+        if step is None:
+            step = manager.latest_step()
+            if step is None:
+                raise UserError(f"no checkpoint in {directory}")
+        elif step not in steps:
+            raise UserError(f"no checkpoint for step {step} in {directory}; it has steps "
+                            f"{sorted(steps) or 'none'}")
+        saved = manager.item_metadata(step)["state"]
+        _check_shapes(directory, step, saved["params"], abstract_state["params"])
+        target = {"params": abstract_state["params"]} if params_only else abstract_state
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(
+                item=target,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                # Evaluation needs no optimizer moments: skip reading them.
+                partial_restore=params_only,
+            ),
+            input=ocp.args.JsonRestore(),
+            metadata=ocp.args.JsonRestore(),
+        ))
+    return Restored(step=step, path=os.path.join(directory, str(step)), state=restored["state"],
+                    input_state=restored["input"], metadata=restored["metadata"] or {})
+
+
+class Checkpointer:
+    """Saves one run's checkpoints; the trainer's `checkpointer` hook. Use as a context manager.
+
+    Saves are asynchronous: `save` blocks only while the arrays are copied to host
+    memory (and while a previous save still writes), then training goes on while
+    orbax writes files. The last step is always saved, and waited for.
+    """
+
+    def __init__(self, directory: str, *, metadata: dict, every_n_steps: int, max_to_keep: int,
+                 writer=None):
+        self.directory = os.path.abspath(directory)
+        self.metadata, self.every_n_steps, self.writer = metadata, every_n_steps, writer
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory, item_handlers=_handlers(),
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=max_to_keep or None,
+                    enable_async_checkpointing=True,
+                    # Remove `<step>.orbax-checkpoint-tmp` left by a killed save.
+                    cleanup_tmp_directories=True,
+                ),
+            )
+        except OSError as error:
+            raise UserError(f"cannot create the checkpoint directory {self.directory}: "
+                            f"{error}") from error
+        self._saved_step = self._manager.latest_step()  # also counts a save still being written
+        self._writing: int | None = None  # the step orbax is writing in the background
+
+    def should_save(self, step: int) -> bool:
+        return bool(self.every_n_steps) and step % self.every_n_steps == 0
+
+    def save(self, step: int, state: dict, input_state: dict | None, final: bool = False) -> None:
+        """Start saving `state` at `step`; with `final`, also wait until it is on disk."""
+        start = time.perf_counter()
+        if self._saved_step is None or step > self._saved_step:
+            self._finish_previous()  # orbax would wait too; this names the step if it failed
+            with self._errors_as_user_error(step):
+                self._manager.save(step, force=True, args=ocp.args.Composite(
+                    state=ocp.args.PyTreeSave(state),
+                    input=ocp.args.JsonSave(input_state or {}),
+                    metadata=ocp.args.JsonSave({**self.metadata, "step": step}),
+                ))
+            # Training was blocked this long: the device-to-host copy, plus any wait
+            # for the previous save.
+            blocking = time.perf_counter() - start
+            self._saved_step, self._writing = step, step
+            if self.writer is not None:
+                self.writer.scalars(step, {"checkpoint/save_seconds": blocking})
+            if not final:
+                log(f"step {step:>6} | checkpoint {self._path(step)} | blocked {blocking:.2f}s, "
+                    f"writing in the background")
+        if final:  # also when this step was already saved (a periodic save, a finished run)
+            self._finish_previous()
+            log(f"step {step:>6} | checkpoint {self._path(step)} complete "
+                f"({time.perf_counter() - start:.2f}s)")
+
+    def _finish_previous(self) -> None:
+        if self._writing is not None:
+            with self._errors_as_user_error(self._writing):
+                self._manager.wait_until_finished()
+                self._manager.check_for_errors()
+            self._writing = None
+
+    def close(self) -> None:
+        """Wait for the save in flight; UserError if it failed."""
+        if self._manager is not None:
+            self._finish_previous()
+            self._manager.close()
+            self._manager = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        # Another error is on its way out: still finish the (good) save in flight,
+        # but report a failure of it rather than replace that error.
+        try:
+            self.close()
+        except UserError as close_error:
+            log(f"also: {close_error}")
+
+    def _path(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    @contextlib.contextmanager
+    def _errors_as_user_error(self, step: int):
+        try:
+            yield
+        except Exception as error:
+            self._writing = None
+            latest = self._manager.latest_step()
+            kept = (f"the last complete checkpoint, step {latest}, is intact"
+                    if latest is not None and latest != step else "there is no earlier checkpoint")
+            raise UserError(
+                f"could not write checkpoint step {step} to {self.directory} "
+                f"({type(error).__name__}: {error}); {kept}; check free space and permissions"
+            ) from error
