@@ -161,7 +161,7 @@ class Trainer:
 
     def init_state(self):
         with self.mesh:
-            return self._init(jax.random.key(self.run.loop.random_seed))
+            return jax.block_until_ready(self._init(jax.random.key(self.run.loop.random_seed)))
 
     def to_device(self, host_batch: dict) -> dict:
         """This process's rows of the global batch -> global arrays sharded over the mesh.
@@ -294,6 +294,11 @@ class Trainer:
         With `predictions_dir`, Lambada's per-example predictions are written there
         as lambada_predictions.jsonl (process 0).
         """
+        # Never let two different programs overlap on the devices: on the CPU
+        # backend they share one thread pool, and a program parked in a collective
+        # can starve the other's participants (deadlock). So wait for the train step
+        # that made `params`, and for every shard of each eval output.
+        jax.block_until_ready(params)
         results = {}
         for ev in self.run.evals:
             start = time.perf_counter()
@@ -302,7 +307,7 @@ class Trainer:
             outputs = []
             for host_batch in data:
                 with self.mesh:
-                    out = self.eval_step(params, self.to_device(host_batch))
+                    out = jax.block_until_ready(self.eval_step(params, self.to_device(host_batch)))
                 outputs.append(jax.device_get(out))
             if not outputs:
                 raise UserError(f"evaluation set {ev.name} produced no batches")

@@ -20,7 +20,7 @@ def test_tree_map_alias_serves_stacked_transformer_repeated():
     assert jax.tree_map is jax.tree_util.tree_map
     # praxis layers/repeats.py uses jax.tree_map inside the scanned layer stack.
     from praxis import base_layer, pax_fiddle
-    from praxis.layers import repeats, linears
+    from praxis.layers import linears, repeats
 
     tpl = pax_fiddle.Config(
         repeats.Repeat, name="rep", x_times=3,

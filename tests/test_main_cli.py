@@ -1,0 +1,78 @@
+"""main.py end to end in subprocesses: the command line a user types."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.data_fixtures import REPO_ROOT
+
+TINY_FLAGS = [
+    "--fdl.NUM_LAYERS=2", "--fdl.MODEL_DIMS=64", "--fdl.HIDDEN_DIMS=256", "--fdl.NUM_HEADS=4",
+    "--fdl.DIMS_PER_HEAD=16", "--fdl.MAX_SEQ_LEN=64", "--fdl.VOCAB_SIZE=512",
+]
+
+
+def run_main(*args, timeout=300):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--fdl_config=experiments.Synthetic5B", "--fdl.ICI_MESH_SHAPE=[3,1,1]",
+      "--job_log_dir=/tmp/unused"], "covers 3 devices, but this job has 8"),
+    (["--fdl_config=experiments.Synthetic5B", "--fdl.NUM_LAYRES=2"],
+     "no hyperparameter NUM_LAYRES (did you mean NUM_LAYERS"),
+    (["--fdl_config=experiments.GPT5X"], "no experiment named GPT5X (did you mean GPT5B"),
+    (["--fdl_config=experiments.Tiny", "--fdl.NUM_LAYERS=2.5"], "NUM_LAYERS is int"),
+    (["--fdl_config=experiments.Tiny", "--no_such_flag=1"], "no_such_flag"),
+    (["--fdl_config=experiments.Tiny"], "--job_log_dir is required"),
+])
+def test_user_errors_exit_2_with_one_line(args, message):
+    out = run_main(*args)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_list_experiments_and_print_config():
+    listed = run_main("--list_experiments")
+    assert listed.returncode == 0
+    for name in ("GPT126M", "GPT5B", "GPT175B", "Synthetic5B", "Lambada126M", "Tiny"):
+        assert f"experiments.{name}" in listed.stdout
+    shown = run_main("--fdl_config=experiments.GPT5B", "--fdl.PERCORE_BATCH_SIZE=4",
+                     "--print_config")
+    assert shown.returncode == 0, shown.stderr
+    assert "PERCORE_BATCH_SIZE = 4" in shown.stdout
+    assert "ICI_MESH_SHAPE = [1, 8, 1]" in shown.stdout
+    assert "model.lm_tpl.stacked_transformer_tpl" in shown.stdout  # the Fiddle graph
+
+
+def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
+    job = tmp_path / "job"
+    out = run_main("--fdl_config=experiments.Synthetic5B", *TINY_FLAGS,
+                   "--fdl.ICI_MESH_SHAPE=[1,8,1]", "--fdl.DCN_MESH_SHAPE=[1,1,1]",
+                   "--fdl.PERCORE_BATCH_SIZE=1", "--fdl.MAX_STEPS=5", f"--job_log_dir={job}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step      5 | loss" in out.stdout
+    assert list((job / "tb" / "train").glob("events.out.tfevents.*"))
+
+    record = json.loads((job / "hyperparameters.json").read_text())
+    assert record["experiment"] == "experiments.gpt.Synthetic5B"
+    assert record["hyperparameters"]["ICI_MESH_SHAPE"] == [1, 8, 1]
+    import experiments
+
+    reloaded = experiments.resolve("experiments.Synthetic5B")(**record["hyperparameters"])
+    assert reloaded.MAX_STEPS == 5 and reloaded.NUM_LAYERS == 2
+
+    from fiddle.experimental import serialization
+
+    graph = serialization.load_json((job / "fiddle_graph.json").read_text())
+    assert graph.loop.max_steps == 5
+    assert graph.model.lm_tpl.model_dims == 64
+    assert "model.lm_tpl.model_dims" in (job / "fiddle_graph.txt").read_text()
