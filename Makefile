@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CPU8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
-RUN_DIR ?= runs/default
+# A new directory each time: a job_log_dir with checkpoints resumes instead of starting over.
+RUN_DIR ?= runs/tiny-$(shell date +%Y%m%d-%H%M%S)
 
 .PHONY: install run test test-all lint bench clean
 

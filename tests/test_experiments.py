@@ -140,6 +140,6 @@ def test_run_config_is_a_fiddle_graph_that_builds():
 
     run = pax_fiddle.build(experiments.resolve("experiments.Tiny")().run_config())
     assert run.name == "Tiny"
-    assert run.loop.max_steps == 300
+    assert run.loop.max_steps == 800
     assert type(run.model).__name__ == "LanguageModel"
     assert run.make_train_input is not None
