@@ -23,6 +23,7 @@ import os
 import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from runner.errors import UserError
@@ -46,7 +47,10 @@ def _handlers() -> dict:
     # one process it only adds eager slice ops (a tiny model's first save: 11 s
     # instead of 0.2 s on CPU, compiling them).
     arrays = ocp.type_handlers.ArrayHandler(use_replica_parallel=jax.process_count() > 1)
-    registry = ocp.type_handlers.create_type_handler_registry((jax.Array, arrays))
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (np.ndarray, ocp.type_handlers.NumpyHandler()),  # for load_numpy
+        (jax.Array, arrays),
+    )
     return {
         "state": ocp.PyTreeCheckpointHandler(type_handler_registry=registry),
         "input": ocp.JsonCheckpointHandler(),
@@ -224,6 +228,21 @@ def restore(directory: str, step: int | None, abstract_state: dict, *,
                     input_state=restored["input"], metadata=restored["metadata"] or {})
 
 
+def load_numpy(directory: str, step: int | None = None) -> tuple[int, dict]:
+    """(step, train state as host numpy arrays) of a checkpoint, on any devices: for
+    inspecting checkpoints and comparing runs, not for training."""
+    with _reader(directory) as manager:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise UserError(f"no checkpoint in {directory}")
+        saved = manager.item_metadata(step)["state"]
+        as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                          saved)
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(restore_args=as_numpy)))
+    return step, restored["state"]
+
+
 class Checkpointer:
     """Saves one run's checkpoints; the trainer's `checkpointer` hook. Use as a context manager.
 
@@ -317,7 +336,7 @@ class Checkpointer:
             yield
         except Exception as error:
             self._writing = None
-            latest = self._manager.latest_step()
+            latest = latest_step(self.directory)  # from disk: orbax's own list drops old steps early
             kept = (f"the last complete checkpoint, step {latest}, is intact"
                     if latest is not None and latest != step else "there is no earlier checkpoint")
             raise UserError(
