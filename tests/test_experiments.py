@@ -143,3 +143,11 @@ def test_run_config_is_a_fiddle_graph_that_builds():
     assert run.loop.max_steps == 800
     assert type(run.model).__name__ == "LanguageModel"
     assert run.make_train_input is not None
+
+
+def test_readme_documents_every_hyperparameter():
+    from tests.data_fixtures import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    for name in BaseExperiment.hyperparameter_types():
+        assert f"| `{name}` |" in readme, f"README's hyperparameter table lacks {name}"
