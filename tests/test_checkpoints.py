@@ -105,6 +105,12 @@ def reference(tmp_path_factory):
     return {"dir": job_dir, "console": out.getvalue(), "state": state}
 
 
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    """A Trainer of the reference job's model and mesh (no compiled step needed)."""
+    return make_trainer(tmp_path_factory.mktemp("trainer"), ICI_MESH_SHAPE=[1, 8, 1])
+
+
 # ----- save and restore ---------------------------------------------------------------
 
 
@@ -116,16 +122,15 @@ class RecordingWriter:
         self.scalars_written.append((step, values))
 
 
-def test_round_trip_state_input_position_and_metadata(tmp_path, capsys):
-    trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1], MAX_STEPS=2)
-    state = trainer.train(trainer.init_state())
+def test_round_trip_state_input_position_and_metadata(tmp_path, trainer, capsys):
+    state = trainer.init_state()
     writer = RecordingWriter()
     metadata = checkpoints.run_metadata("tests.Tiny", {**TINY, "MAX_STEPS": 5},
                                         trainer.abstract_state["params"])
     with checkpoints.Checkpointer(tmp_path / "ckpt", metadata=metadata, every_n_steps=0,
                                   max_to_keep=2, writer=writer) as ckpt:
-        ckpt.save(int(state["step"]), state, {"batch_index": 7, "seed": 1}, final=True)
-    step = int(state["step"])
+        ckpt.save(3, state, {"batch_index": 7, "seed": 1}, final=True)
+    step = 3
     restored = checkpoints.restore(str(tmp_path / "ckpt"), None, trainer.abstract_state)
     assert restored.step == step and restored.path == str(tmp_path / "ckpt" / str(step))
     assert_bitwise_equal(restored.state, state)
@@ -144,41 +149,44 @@ def test_round_trip_state_input_position_and_metadata(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def saved_1x8x1(tmp_path_factory):
-    """A checkpoint written from an ICI [1,8,1] mesh, after one step (Adam moments non-zero)."""
-    path = tmp_path_factory.mktemp("mesh")
-    trainer = make_trainer(path, ICI_MESH_SHAPE=[1, 8, 1], MAX_STEPS=1)
-    state = trainer.train(trainer.init_state())
-    with checkpoints.Checkpointer(path / "ckpt", metadata={}, every_n_steps=0,
-                                  max_to_keep=1) as ckpt:
-        ckpt.save(1, state, {}, final=True)
-    return str(path / "ckpt")
+def saved_1x8x1(reference):
+    """The reference job's checkpoints: written from an ICI [1,8,1] mesh, steps 4 and 8."""
+    return ckpt_dir(reference["dir"])
 
 
 @pytest.mark.parametrize("ici, num_devices", [([2, 2, 2], 8), ([8, 1, 1], 8), ([1, 1, 1], 1),
                                               ([1, 4, 1], 4)])
 def test_restore_onto_another_mesh_or_fewer_devices(tmp_path, saved_1x8x1, ici, num_devices):
-    trainer = make_trainer(tmp_path, devices=jax.devices()[:num_devices], ICI_MESH_SHAPE=ici)
-    restored = checkpoints.restore(saved_1x8x1, None, trainer.abstract_state)
+    other = make_trainer(tmp_path, devices=jax.devices()[:num_devices], ICI_MESH_SHAPE=ici)
+    restored = checkpoints.restore(saved_1x8x1, None, other.abstract_state)
     _, saved = checkpoints.load_numpy(saved_1x8x1)
     assert_bitwise_equal(restored.state, saved)
     restored_shardings = jax.tree_util.tree_map(lambda a: a.sharding, restored.state)
-    assert restored_shardings == trainer.state_shardings
+    assert restored_shardings == other.state_shardings
 
 
-def test_checkpoint_of_another_model_is_refused_naming_the_parameter(tmp_path, saved_1x8x1):
+def test_checkpoint_of_another_model_is_refused_naming_the_parameter(tmp_path, saved_1x8x1,
+                                                                     trainer):
     wider = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1], HIDDEN_DIMS=128)
     with pytest.raises(UserError, match=r"parameter lm/transformer/x_layers_0/ff_layer/"
                        r"ffn_layer1/bias/b with shape \(256,\), but this model's is \(128,\)"):
         checkpoints.restore(saved_1x8x1, None, wider.abstract_state)
-    deeper = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1], NUM_LAYERS=3)
+    # A third layer (NUM_LAYERS=3 without USE_REPEATED_LAYER): a parameter the checkpoint lacks.
+    params = trainer.abstract_state["params"]
+    layers = params["lm"]["transformer"]
+    deeper = {"params": {**params, "lm": {**params["lm"], "transformer": {
+        **layers, "x_layers_2": layers["x_layers_1"]}}}}
     with pytest.raises(UserError, match=r"has no parameter lm/transformer/x_layers_2/"):
-        checkpoints.restore(saved_1x8x1, None, deeper.abstract_state)
+        checkpoints.restore(saved_1x8x1, None, deeper)
+    shallower = {"params": {**params, "lm": {**params["lm"], "transformer": {
+        "x_layers_0": layers["x_layers_0"]}}}}
+    with pytest.raises(UserError, match=r"holds parameter lm/transformer/x_layers_1/\S+ \(\d+"
+                       r".*which this model lacks"):
+        checkpoints.restore(saved_1x8x1, None, shallower)
 
 
-def test_restore_of_a_missing_step_lists_the_steps(tmp_path, saved_1x8x1):
-    trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1])
-    with pytest.raises(UserError, match=r"no checkpoint for step 3 in .*; it has steps \[1\]"):
+def test_restore_of_a_missing_step_lists_the_steps(saved_1x8x1, trainer):
+    with pytest.raises(UserError, match=r"no checkpoint for step 3 in .*; it has steps \[4, 8\]"):
         checkpoints.restore(saved_1x8x1, 3, trainer.abstract_state)
 
 
@@ -243,22 +251,22 @@ def test_job_dir_of_another_experiment_is_refused_and_left_alone(tmp_path, refer
 # ----- crash safety -----------------------------------------------------------------------
 
 
-def test_an_interrupted_save_is_not_taken_for_a_checkpoint(tmp_path, saved_1x8x1):
+def test_an_interrupted_save_is_not_taken_for_a_checkpoint(tmp_path, saved_1x8x1, trainer):
     import shutil
 
     directory = str(tmp_path / "ckpt")
     shutil.copytree(saved_1x8x1, directory)
     # What a save killed half-way leaves: orbax's temporary name, some of the items.
-    partial = tmp_path / "ckpt" / ("5" + ocp.path.atomicity_types.TMP_DIR_SUFFIX)
+    partial = tmp_path / "ckpt" / ("9" + ocp.path.atomicity_types.TMP_DIR_SUFFIX)
     (partial / "state").mkdir(parents=True)
     (partial / "state" / "partial_write").write_bytes(b"\0" * 100)
-    assert checkpoints.latest_step(directory) == 1
-    trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1])
-    assert checkpoints.restore(directory, None, trainer.abstract_state).step == 1
-    # The next run's Checkpointer clears the debris before saving.
-    with checkpoints.Checkpointer(directory, metadata={}, every_n_steps=0, max_to_keep=2):
-        pass
-    assert sorted(os.listdir(directory)) == ["1"]
+    assert checkpoints.latest_step(directory) == 8
+    assert checkpoints.restore(directory, None, trainer.abstract_state).step == 8
+    # The next run's Checkpointer clears the debris before it saves.
+    with checkpoints.Checkpointer(directory, metadata={}, every_n_steps=0,
+                                  max_to_keep=2) as ckpt:
+        ckpt.save(10, trainer.init_state(), {}, final=True)
+    assert sorted(os.listdir(directory)) == ["10", "8"]
 
 
 def _disk_full(*args, **kwargs):
@@ -267,8 +275,7 @@ def _disk_full(*args, **kwargs):
 
 @pytest.mark.parametrize("where", ["writing arrays", "finishing in the background"])
 def test_a_failed_save_is_a_user_error_and_keeps_the_previous_checkpoint(
-        tmp_path, monkeypatch, where):
-    trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1])
+        tmp_path, monkeypatch, trainer, where):
     state = trainer.init_state()
     directory = str(tmp_path / "ckpt")
     ckpt = checkpoints.Checkpointer(directory, metadata={}, every_n_steps=1, max_to_keep=1)
