@@ -3,8 +3,9 @@
 Each multi-process job is compared with the same run in this (one) process on its 8
 fake CPU devices: the per-step losses and the evaluation must agree to 1e-4.
 
-- main.py end to end, 2 processes x 4 devices, DCN [2,1,1] x ICI [1,2,2]: losses and
-  evaluation from the console (process 0 only), one config and one set of event files.
+- main.py end to end under a simulated `srun` (SLURM's environment, no flags), 2 processes
+  x 4 devices, DCN [2,1,1] x ICI [1,2,2]: losses and evaluation from the console (process
+  0 only), one config and one set of event files.
 - this file as the worker program (`python -m tests.test_multiprocess --worker ...`),
   2 processes x 4 devices with FSDP across them (DCN [1,2,1] x ICI [1,4,1]) and
   4 processes x 2 devices (DCN [4,1,1] x ICI [1,2,1]): full-precision losses and
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import pytest
 
 from runner import distributed
@@ -77,11 +79,11 @@ def process_env(devices: int) -> dict[str, str]:
 class Job:
     """Processes started together; `wait` bounds their time and reports failures."""
 
-    def __init__(self, commands: list[list[str]], env: dict[str, str], log_dir: Path):
+    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]], log_dir: Path):
         self.logs = []
         self.procs: list[subprocess.Popen] = []
         log_dir.mkdir(parents=True, exist_ok=True)
-        for i, command in enumerate(commands):
+        for i, (command, env) in enumerate(zip(commands, envs, strict=True)):
             out, err = log_dir / f"process{i}.out", log_dir / f"process{i}.err"
             self.logs.append((out, err))
             with open(out, "w") as fout, open(err, "w") as ferr:
@@ -123,8 +125,9 @@ class Job:
                          f"{self.stderr(i)[-3000:]}" for i, p in enumerate(self.procs))
 
 
-def run_job(commands, devices, log_dir) -> Job:
-    job = Job(commands, process_env(devices), log_dir)
+def run_job(commands, devices, log_dir, envs=None) -> Job:
+    """Run `commands` together (default environment: `process_env(devices)`); all must pass."""
+    job = Job(commands, envs or [process_env(devices)] * len(commands), log_dir)
     try:
         codes = job.wait(JOB_TIMEOUT_S)
     finally:
@@ -138,11 +141,24 @@ def fdl_args(**hparams) -> list[str]:
 
 
 def main_py(tmp_path, num, port, **hparams) -> list[list[str]]:
+    """main.py on `num` processes, told the job's layout by flags (port None: by srun)."""
+    flags = [[f"--distributed_timeout_s={CONNECT_TIMEOUT_S}"]] * num
+    if port is not None:
+        flags = [["--multiprocess_gpu", f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}",
+                  f"--host_idx={i}", *flags[i]] for i in range(num)]
     return [[sys.executable, "-u", str(REPO_ROOT / "main.py"),
              "--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={tmp_path}/job",
-             "--multiprocess_gpu", f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}",
-             f"--host_idx={i}", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}",
-             *fdl_args(**hparams)] for i in range(num)]
+             *flags[i], *fdl_args(**hparams)] for i in range(num)]
+
+
+def srun_envs(num: int, devices: int, port: int) -> list[dict[str, str]]:
+    """The environment `srun --ntasks=num` gives each task on one node named 127.0.0.1, plus
+    what scripts_gpu/run_pile_multinode.sh exports."""
+    return [{**process_env(devices), "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1",
+             "SLURM_NTASKS": str(num), "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i),
+             "JAX_COORDINATOR_PORT": str(port),  # jax's port override (else from the job id)
+             "JAX_LOCAL_DEVICE_IDS": ",".join(map(str, range(devices)))}
+            for i in range(num)]
 
 
 def worker(tmp_path, num, port, ici, dcn) -> list[list[str]]:
@@ -158,8 +174,6 @@ def worker(tmp_path, num, port, ici, dcn) -> list[list[str]]:
 
 def train_and_evaluate(trainer) -> dict:
     """Per-step losses of STEPS steps from a fresh state, then the evaluation."""
-    import jax
-
     state = trainer.init_state()
     data = trainer.make_train_input()
     losses = []
@@ -188,11 +202,13 @@ def max_rel_diff(a, b) -> float:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_main_py_two_processes_dp_across_hosts(tmp_path, one_process):
+def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process):
+    # No distributed flags at all: started by (simulated) srun, main.py finds the job's
+    # layout in SLURM's environment, as on a cluster.
     port = free_port()
-    job = run_job(main_py(tmp_path, 2, port, ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1],
+    job = run_job(main_py(tmp_path, 2, None, ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1],
                           SUMMARY_INTERVAL_STEPS=1, EVAL_INTERVAL_STEPS=STEPS, **RUN),
-                  devices=4, log_dir=tmp_path / "logs")
+                  devices=4, log_dir=tmp_path / "logs", envs=srun_envs(2, 4, port))
     console = job.stdout(0)
     assert (f"jax.distributed: 2 processes, coordinator 127.0.0.1:{port}, 4 local and "
             f"8 global devices") in console
@@ -250,7 +266,7 @@ def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path)
     command[command.index(f"--distributed_timeout_s={CONNECT_TIMEOUT_S}")] = (
         "--distributed_timeout_s=3")
     start = time.monotonic()
-    job = Job([command], process_env(4), tmp_path / "logs")
+    job = Job([command], [process_env(4)], tmp_path / "logs")
     try:
         codes = job.wait(60)
     finally:
@@ -300,6 +316,38 @@ def test_bad_flags_are_one_line_user_errors(options, message):
         distributed.initialize(distributed.DistributedOptions(**options), environ={})
 
 
+def test_flags_reach_jax_and_device_ids_are_left_to_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    options = distributed.DistributedOptions(server_addr="node001:1234", num_hosts=4,
+                                             host_idx=3, timeout_s=42)
+    assert distributed.initialize(options, environ={}) is True
+    assert calls == [dict(coordinator_address="node001:1234", num_processes=4, process_id=3,
+                          # None: jax reads JAX_LOCAL_DEVICE_IDS, else its per-cluster default.
+                          local_device_ids=None, initialization_timeout=42)]
+    # With only --multiprocess_gpu, jax's cluster detection fills in all three.
+    calls.clear()
+    distributed.initialize(distributed.DistributedOptions(multiprocess_gpu=True), environ={})
+    assert calls[0]["coordinator_address"] is None and calls[0]["num_processes"] is None
+
+
+@pytest.mark.parametrize("error, message", [
+    (ValueError("coordinator_address should be defined."),
+     "no cluster environment (SLURM srun, Open MPI mpirun, ...) supplies the job's layout"),
+    (RuntimeError("UNKNOWN: Failed to start RPC server\nmore detail"),
+     "coordinator node001:1234: UNKNOWN: Failed to start RPC server (if process 0's port"),
+])
+def test_jax_start_failures_become_one_line_user_errors(monkeypatch, error, message):
+    def fail(**kwargs):
+        raise error
+
+    monkeypatch.setattr(jax.distributed, "initialize", fail)
+    options = distributed.DistributedOptions(multiprocess_gpu=True, server_addr="node001:1234")
+    with pytest.raises(UserError, match=re.escape(message)) as raised:
+        distributed.initialize(options, environ={})
+    assert "\n" not in str(raised.value)
+
+
 # ----- the worker program --------------------------------------------------------------
 
 
@@ -314,8 +362,6 @@ def worker_main(argv: list[str]) -> None:
     distributed.initialize(distributed.DistributedOptions(
         server_addr=args.server_addr, num_hosts=args.num_hosts, host_idx=args.host_idx,
         timeout_s=CONNECT_TIMEOUT_S))
-
-    import jax
 
     from tests.helpers import make_trainer
 
