@@ -3,7 +3,7 @@
 When it starts:
 - `--multiprocess_gpu` (the Pax flag): always. Whatever the flags below leave unset is
   found by jax's own cluster detection (SLURM `srun`, Open MPI `mpirun`, Kubernetes,
-  Cloud TPU, or `cluster_detection_method` defaults).
+  Cloud TPU).
 - `--server_addr`, `--num_hosts` or `--host_idx` given: always; they override what
   detection would find. Outside a detected cluster all three are needed.
 - No flag, but the process was started by `srun` or `mpirun` as one of several tasks:
@@ -24,6 +24,7 @@ itself at the deadline with one line naming the coordinator, and exit status 2.
 
 import dataclasses
 import os
+import re
 import sys
 import threading
 
@@ -100,11 +101,25 @@ def initialize(options: DistributedOptions, environ=os.environ) -> bool:
     return True
 
 
-def describe() -> str:
+def describe(environ=os.environ) -> str:
     """One line about the running multi-process job (for process 0's log)."""
-    return (f"jax.distributed: {jax.process_count()} processes, coordinator "
+    line = (f"jax.distributed: {jax.process_count()} processes, coordinator "
             f"{_coordinator_address() or '?'}, {jax.local_device_count()} local and "
             f"{jax.device_count()} global devices")
+    if (jax.default_backend() == "gpu" and jax.local_device_count() == 1
+            and "JAX_LOCAL_DEVICE_IDS" not in environ and _one_task_per_node(environ)):
+        # jax's SLURM/Open MPI default is one process per GPU; the mesh error that
+        # follows would not say why a node's other GPUs are missing.
+        line += ("; only 1 GPU per process: jax assumes one process per GPU under "
+                 "SLURM/Open MPI, so with one task per node export "
+                 "JAX_LOCAL_DEVICE_IDS=0,1,...,7 (scripts_gpu/run_pile_multinode.sh does)")
+    return line
+
+
+def _one_task_per_node(environ) -> bool:
+    tasks = environ.get("SLURM_STEP_TASKS_PER_NODE", "")  # e.g. "1(x8)", "2,1"
+    return bool(re.fullmatch(r"1(\(x\d+\))?", tasks)) or (
+        environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") == "1")
 
 
 def _check_flags(options: DistributedOptions) -> None:

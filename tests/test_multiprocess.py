@@ -348,6 +348,17 @@ def test_jax_start_failures_become_one_line_user_errors(monkeypatch, error, mess
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("environ, hinted", [
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x8)"}, True),  # srun --ntasks-per-node=1, 8 nodes
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x8)", "JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}, False),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x2)"}, False),  # one process per GPU: as jax assumes
+])
+def test_one_gpu_per_node_task_gets_a_hint(monkeypatch, environ, hinted):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "local_device_count", lambda: 1)
+    assert ("export JAX_LOCAL_DEVICE_IDS=0,1,...,7" in distributed.describe(environ)) is hinted
+
+
 # ----- the worker program --------------------------------------------------------------
 
 
