@@ -278,7 +278,7 @@ class Checkpointer:
         """Start saving `state` at `step`; with `final`, also wait until it is on disk."""
         start = time.perf_counter()
         if self._saved_step is None or step > self._saved_step:
-            self._finish_previous()  # orbax would wait too; this names the step if it failed
+            self.wait()  # orbax would wait too; this names the step if it failed
             with self._errors_as_user_error(step):
                 self._manager.save(step, force=True, args=ocp.args.Composite(
                     state=ocp.args.PyTreeSave(state),
@@ -295,11 +295,16 @@ class Checkpointer:
                 log(f"step {step:>6} | checkpoint {self._path(step)} | blocked {blocking:.2f}s, "
                     f"writing in the background")
         if final:  # also when this step was already saved (a periodic save, a finished run)
-            self._finish_previous()
+            self.wait()
             log(f"step {step:>6} | checkpoint {self._path(step)} complete "
                 f"({time.perf_counter() - start:.2f}s)")
 
-    def _finish_previous(self) -> None:
+    def writing(self) -> bool:
+        """Whether a save is still being written in the background."""
+        return self._writing is not None and self._manager.is_saving_in_progress()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written; UserError if it failed."""
         if self._writing is not None:
             with self._errors_as_user_error(self._writing):
                 self._manager.wait_until_finished()
@@ -309,7 +314,7 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the save in flight; UserError if it failed."""
         if self._manager is not None:
-            self._finish_previous()
+            self.wait()
             self._manager.close()
             self._manager = None
 
