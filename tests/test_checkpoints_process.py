@@ -208,6 +208,34 @@ def test_processes_stop_at_one_step_when_one_is_signalled(tmp_path, sig):
     assert stops[0].group(1) == stops[1].group(1)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow  # two main.py processes: 40-90 s on 2 cores
+def test_main_py_processes_save_one_step_when_one_gets_sigterm(tmp_path, env):
+    port = free_port()
+    env = {**env, "XLA_FLAGS": env["XLA_FLAGS"].replace("count=8", "count=4")}
+    procs = [start(tmp_path / f"process{i}", env, "--multiprocess_gpu",
+                   f"--server_addr=127.0.0.1:{port}", "--num_hosts=2", f"--host_idx={i}",
+                   f"--job_log_dir={tmp_path / 'job'}",  # the last --job_log_dir wins
+                   ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1], MAX_STEPS=100_000,
+                   SUMMARY_INTERVAL_STEPS=1, LR_COS_DECAY_END=100_000, DATASET="synthetic",
+                   VOCAB_SIZE=512)
+             for i in range(2)]
+    try:
+        wait_for(lambda: "step      3 | loss" in (tmp_path / "process0" / "stdout.txt")
+                 .read_text(), procs[0], "step 3")
+        procs[1].send_signal(signal.SIGTERM)  # only one of them: jax tells the other
+        results = [finish(p, tmp_path / f"process{i}") for i, p in enumerate(procs)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
+    out = results[0][1]
+    stopped = int(re.search(r"^step (\d+): SIGTERM received; saving", out, re.M).group(1))
+    assert checkpoints.latest_step(str(tmp_path / "job" / "checkpoints")) == stopped
+
+
 def worker_main(argv: list[str]) -> None:
     """One of two processes stepping in lockstep-free loops until the watcher says stop."""
     parser = argparse.ArgumentParser()
