@@ -314,7 +314,8 @@ class Trainer:
             per_example = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
             metrics = summarize_eval(ev.kind, per_example)
             results[ev.name] = metrics
-            shown = " | ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in metrics.items())
             log(f"step {step:>6} | eval {ev.name} | {shown} | {time.perf_counter() - start:.1f}s")
             self.writer("eval").scalars(step, {f"{ev.name}/{k}": v for k, v in metrics.items()})
             if predictions_dir and ev.kind == "lambada" and jax.process_index() == 0:
