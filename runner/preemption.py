@@ -34,11 +34,14 @@ def parse_signal(name: str | None) -> signal.Signals | None:
         return None
     text = name.strip().upper()
     try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
             text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
         raise UserError(f"--preemption_signal={name}: not a signal name (e.g. SIGUSR1, SIGUSR2, "
                         f"or none)") from None
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise UserError(f"--preemption_signal={name}: {sig.name} cannot be caught")
+    return sig
 
 
 class PreemptionWatcher:
@@ -46,8 +49,6 @@ class PreemptionWatcher:
 
     def __init__(self, extra_signal: str | None = "SIGUSR1"):
         extra = parse_signal(extra_signal)
-        if extra in (signal.SIGKILL, signal.SIGSTOP):
-            raise UserError(f"--preemption_signal={extra_signal}: {extra.name} cannot be caught")
         self.received: str | None = None
         self._previous: dict[signal.Signals, object] = {}
         self.synchronized = bool(jax.distributed.is_initialized()
