@@ -4,7 +4,9 @@ The bare loop feeds one fixed, already-sharded batch to a jitted
 loss -> grad -> AdamW step and does nothing else. The runner's loop also
 produces every batch (input pipeline + prefetch thread + host-to-device
 copies), keeps metrics on the device and prints a summary every 100 steps.
-The ratio runner/bare is the price of that machinery (aim: >= 0.95).
+The ratio runner/bare is the price of that machinery (aim: >= 0.95). On CPU
+both loops wait for every step (an XLA:CPU deadlock workaround, see
+Trainer.__init__), so there the host work cannot hide behind device work.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/step_overhead.py
 """
@@ -61,11 +63,12 @@ def bare_steps_per_sec(trainer, steps, warmup):
     state = trainer.init_state()
     with trainer.mesh:
         for _ in range(warmup):
-            state = jitted(state, batch)
-        jax.block_until_ready(state)
+            state = jax.block_until_ready(jitted(state, batch))
         start = time.perf_counter()
         for _ in range(steps):
             state = jitted(state, batch)
+            if trainer.sync_every_step:  # as the runner does on CPU (see Trainer.__init__)
+                jax.block_until_ready(state)
         jax.block_until_ready(state)
     return steps / (time.perf_counter() - start)
 

@@ -96,6 +96,11 @@ class Trainer:
             seq_len=shape.seq_len,
         )
         self.peak_flops = throughput.peak_flops_per_device(jax.devices()[0], peak_tflops)
+        # XLA:CPU can deadlock when several executions of a program with collectives
+        # are queued on the same simulated devices (rendezvous threads starve each
+        # other; seen with 8 devices on 2 cores). CPU runs are for tests and
+        # laptops, so there the loop waits for each step; on GPUs it never does.
+        self.sync_every_step = jax.devices()[0].platform == "cpu"
         self.checkpointer = None  # set by the caller (runner.checkpoints) when saving
         self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
         self._writers: dict[str, SummaryWriter] = {}
@@ -171,18 +176,22 @@ class Trainer:
         resharding program there can deadlock collectives on the CPU backend).
         """
         first_row = self.process_rows[0]
-        arrays = {}
+        blocks, devices = {}, {}
         for k, dtype in BATCH_DTYPES.items():
             local = np.asarray(host_batch[k], dtype)  # [rows of this process, T]
             shape = self.batch_shapes[k].shape
             index_map = self.data_sharding.addressable_devices_indices_map(shape)
-            blocks = []
+            blocks[k], devices[k] = [], []
             for device, (rows, cols) in index_map.items():
                 start, stop, _ = rows.indices(shape[0])  # global row range of this device
-                blocks.append(jax.device_put(local[start - first_row:stop - first_row, cols],
-                                             device))
-            arrays[k] = jax.make_array_from_single_device_arrays(shape, self.data_sharding, blocks)
-        return arrays
+                blocks[k].append(local[start - first_row:stop - first_row, cols])
+                devices[k].append(device)
+        on_device = jax.device_put(blocks, devices)  # one batched transfer for all keys
+        return {
+            k: jax.make_array_from_single_device_arrays(
+                self.batch_shapes[k].shape, self.data_sharding, on_device[k])
+            for k in BATCH_DTYPES
+        }
 
     def writer(self, name: str) -> SummaryWriter:
         if name not in self._writers:
@@ -217,6 +226,8 @@ class Trainer:
                 batch, last_input_state = next(prefetcher)
                 with self.mesh:
                     state, metrics = self.train_step(state, batch)
+                if self.sync_every_step:
+                    jax.block_until_ready(metrics)
                 step += 1
                 pending.append(metrics)
                 if self.preemption is not None and self.preemption.reached(step):

@@ -107,7 +107,6 @@ def assert_bitwise_equal(a, b):
 RESUMABLE = dict(MAX_STEPS=16, CHECKPOINT_EVERY_N_STEPS=2, SUMMARY_INTERVAL_STEPS=1)
 
 
-@pytest.mark.slow  # three runs of main.py: 45-90 s
 def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_path, env):
     kill_after = random.choice(range(2, 12, 2))
     print(f"SIGKILL once checkpoint {kill_after} exists")

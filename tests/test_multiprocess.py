@@ -201,7 +201,6 @@ def max_rel_diff(a, b) -> float:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process):
     # No distributed flags at all: started by (simulated) srun, main.py finds the job's
     # layout in SLURM's environment, as on a cluster.
@@ -233,7 +232,6 @@ def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process)
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 @pytest.mark.parametrize("num, ici, dcn, rows, weight_rows", [
     # FSDP across processes: each holds half of every weight's `data` dimension.
     (2, [1, 4, 1], [1, 2, 1], [[0, 4], [4, 8]], [[0, 32], [32, 64]]),
