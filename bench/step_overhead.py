@@ -25,7 +25,7 @@ from praxis import pax_fiddle  # noqa: E402
 
 import experiments  # noqa: E402
 from runner import mesh as mesh_lib  # noqa: E402
-from runner.train_state import _context, as_model_batch  # noqa: E402
+from runner.train_state import as_model_batch, praxis_context  # noqa: E402
 from runner.trainer import Trainer  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def bare_steps_per_sec(trainer, steps, warmup):
 
     def step(state, batch):
         def loss(params):
-            with _context(do_eval=False):
+            with praxis_context(do_eval=False):
                 metrics, _ = model.apply({"params": params},
                                          as_model_batch(batch, model.fprop_dtype),
                                          rngs={"random": jax.random.key(0)})

@@ -15,7 +15,8 @@ from praxis import base_layer, py_utils
 from runner.mesh import mesh_shape
 
 
-def _context(do_eval: bool):
+def praxis_context(do_eval: bool):
+    """The JaxContext praxis layers read (train vs eval behaviour, e.g. dropout)."""
     return base_layer.JaxContext.new_context(
         hparams=base_layer.JaxContext.HParams(do_eval=do_eval)
     )
@@ -35,7 +36,7 @@ def as_model_batch(batch: dict, fprop_dtype=jnp.float32) -> py_utils.NestedMap:
 
 def param_partition_specs(model, example_batch: dict, mesh: Mesh):
     """PartitionSpecs of the model's parameters, from praxis's annotations."""
-    with _context(do_eval=False):
+    with praxis_context(do_eval=False):
         var_meta = model.abstract_init_with_metadata(
             as_model_batch(example_batch, model.fprop_dtype)
         )
@@ -74,7 +75,7 @@ def make_init_fn(model, tx: optax.GradientTransformation, batch_shapes: dict):
 
     def init(key):
         batch = {k: jnp.zeros(s.shape, s.dtype) for k, s in batch_shapes.items()}
-        with _context(do_eval=False):
+        with praxis_context(do_eval=False):
             variables = model.init(
                 {"params": key, "random": key}, as_model_batch(batch, model.fprop_dtype)
             )

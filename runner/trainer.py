@@ -21,10 +21,10 @@ from runner.prefetch import Prefetcher
 from runner.spec import RunSpec
 from runner.summaries import SummaryWriter, format_duration, log
 from runner.train_state import (
-    _context,
     as_model_batch,
     make_init_fn,
     param_partition_specs,
+    praxis_context,
     state_shardings,
 )
 from tasks import lambada
@@ -108,7 +108,7 @@ class Trainer:
     # ----- compiled functions -------------------------------------------------
 
     def _loss(self, params, batch, key):
-        with _context(do_eval=False):
+        with praxis_context(do_eval=False):
             metrics, _ = self.model.apply(
                 {"params": params},
                 as_model_batch(batch, self.model.fprop_dtype),
@@ -144,7 +144,7 @@ class Trainer:
 
     def _eval_step(self, params, batch):
         """Per-example [B] sums of target log-probability, target tokens and correct targets."""
-        with _context(do_eval=True):
+        with praxis_context(do_eval=True):
             predictions = self.model.apply(
                 {"params": params},
                 as_model_batch(batch, self.model.fprop_dtype),

@@ -23,8 +23,8 @@ def make_trainer(tmp_path, devices=None, experiment=experiments.BaseExperiment, 
     return Trainer(run, mesh, str(tmp_path))
 
 
-def train_losses(trainer, steps: int) -> list[float]:
-    """Per-step losses of `steps` steps from a fresh state, read after each step."""
+def run_steps(trainer, steps: int):
+    """(per-step losses, final state) of `steps` steps from a fresh state, read after each step."""
     state = trainer.init_state()
     data = trainer.make_train_input()
     losses = []
@@ -32,4 +32,8 @@ def train_losses(trainer, steps: int) -> list[float]:
         with trainer.mesh:
             state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
         losses.append(float(metrics["loss"]))
-    return losses
+    return losses, state
+
+
+def train_losses(trainer, steps: int) -> list[float]:
+    return run_steps(trainer, steps)[0]

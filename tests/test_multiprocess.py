@@ -174,13 +174,9 @@ def worker(tmp_path, num, port, ici, dcn) -> list[list[str]]:
 
 def train_and_evaluate(trainer) -> dict:
     """Per-step losses of STEPS steps from a fresh state, then the evaluation."""
-    state = trainer.init_state()
-    data = trainer.make_train_input()
-    losses = []
-    for _ in range(STEPS):
-        with trainer.mesh:
-            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
-        losses.append(float(jax.device_get(metrics["loss"])))
+    from tests.helpers import run_steps
+
+    losses, state = run_steps(trainer, STEPS)
     evals = trainer.evaluate(state["params"], STEPS)
     return {"losses": losses, "eval": evals}
 

@@ -39,17 +39,11 @@ CHAIN = dict(RUN, EVAL_BATCHES=0, SUMMARY_INTERVAL_STEPS=1)
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The uninterrupted run: per-step losses and the final parameters (numpy)."""
-    from tests.helpers import make_trainer
+    from tests.helpers import make_trainer, run_steps
 
     trainer = make_trainer(tmp_path_factory.mktemp("one"), ICI_MESH_SHAPE=[1, 8, 1],
                            **dict(CHAIN, MAX_STEPS=TOTAL_STEPS))
-    state = trainer.init_state()
-    data = trainer.make_train_input()
-    losses = []
-    for _ in range(TOTAL_STEPS):
-        with trainer.mesh:
-            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
-        losses.append(float(jax.device_get(metrics["loss"])))
+    losses, state = run_steps(trainer, TOTAL_STEPS)
     return losses, jax.device_get(state["params"])
 
 
