@@ -161,8 +161,6 @@ class BaseExperiment:
                 f"LR_COS_DECAY_START ({self.LR_COS_DECAY_START}) <= LR_COS_DECAY_END "
                 f"({self.LR_COS_DECAY_END})"
             )
-        if self.USE_REPEATED_LAYER and self.NUM_LAYERS < 1:
-            raise UserError("USE_REPEATED_LAYER needs NUM_LAYERS >= 1")
 
     def run_config(self, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
         """The whole run as a Fiddle graph (see experiments/run_graph.py).

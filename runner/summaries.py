@@ -36,11 +36,6 @@ class SummaryWriter:
         if self._writer is not None:
             self._writer.flush()
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
 
 def log(message: str) -> None:
     """One console line, from process 0 only."""
