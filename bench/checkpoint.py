@@ -71,8 +71,9 @@ def main() -> None:
     ici = [int(x) for x in args.ici.split(",")]
     exp = experiments.BaseExperiment(**MODELS[args.model], ICI_MESH_SHAPE=ici, DATASET="synthetic",
                                      EVAL_INTERVAL_STEPS=0, PERCORE_BATCH_SIZE=1)
-    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-    trainer = Trainer(pax_fiddle.build(exp.run_config()), mesh, tempfile.mkdtemp())
+    run = pax_fiddle.build(exp.run_config())
+    mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
+    trainer = Trainer(run, mesh, tempfile.mkdtemp())
     data = trainer.make_train_input()
     state = trainer.init_state()
     for _ in range(3):  # compile, warm up

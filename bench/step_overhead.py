@@ -35,8 +35,9 @@ def build(args):
         DIMS_PER_HEAD=args.dims // 8, MAX_SEQ_LEN=args.seq_len, VOCAB_SIZE=512,
         ICI_MESH_SHAPE=args.mesh, PERCORE_BATCH_SIZE=args.percore_batch, DATASET="synthetic",
         EVAL_BATCHES=0, SUMMARY_INTERVAL_STEPS=100, MAX_STEPS=args.warmup)
-    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-    return Trainer(pax_fiddle.build(exp.run_config()), mesh, args.log_dir)
+    run = pax_fiddle.build(exp.run_config())
+    mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
+    return Trainer(run, mesh, args.log_dir)
 
 
 def bare_steps_per_sec(trainer, steps, warmup):

@@ -11,9 +11,11 @@ model, optimizer with its schedule, input, evaluations, mesh and loop settings.
 It reads the experiment and never mutates it.
 """
 
+import types
 import typing
 
 import fiddle as fdl
+from praxis import pax_fiddle
 
 from runner.errors import UserError, near_matches
 
@@ -28,12 +30,17 @@ CHOICES = {
         "save_dot_only",
         "save_dot_with_no_batch_dims",
         "save_dot_except_logits",
+        "save_dot_except_logits_ffn1",  # praxis's own default
         "save_dot_for_mlperf_200b",
         "save_qkv_out_proj",
+        "save_qkv_out_proj_separate",
         "save_out_proj",
+        "save_context",
+        "save_encoded_and_out_proj",
         "save_iteration_input",
         "save_transformer_layer_output",
     ),
+    "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
     "DATASET": ("pile", "sample", "synthetic", "none"),
 }
 
@@ -52,9 +59,17 @@ class BaseExperiment:
     USE_REPEATED_LAYER: bool = False  # scan one layer (StackedTransformerRepeated)
     CHECKPOINT_POLICY: str = "save_nothing"  # rematerialisation policy
     FPROP_DTYPE: str = "float32"  # compute dtype; parameters stay float32
-    INIT_STD: float = 0.02  # Gaussian init standard deviation
-    LAYERNORM_EPSILON: float = 1e-5
+    INIT_STD: float = 0.02  # Gaussian init of every weight without its own
+    SOFTMAX_INIT_STD: float = 0.02  # Gaussian init of the output (tied embedding) weights
+    LAYERNORM_EPSILON: float = 1e-5  # epsilon of every norm (LayerNorm; RMSNorm in Llama)
     PACKED_INPUT: bool = True  # segment ids keep attention inside documents
+    EMBEDDING_LOOKUP_STYLE: str = "matmul"  # one-hot "matmul" (as Pax) or gather "index"
+    # Dropout, praxis StackedTransformer's names; None = DROPOUT_PROB.
+    DROPOUT_PROB: float = 0.0
+    INPUT_DROPOUT_PROB: float = 0.0  # on the stack's input (embeddings)
+    ATTEN_DROPOUT_PROB: float | None = None  # on attention probabilities
+    RESIDUAL_DROPOUT_PROB: float | None = None  # on each residual branch
+    RELU_DROPOUT_PROB: float | None = None  # inside the feed-forward
 
     # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP) ---
     ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
@@ -70,7 +85,7 @@ class BaseExperiment:
     ADAM_BETA1: float = 0.9
     ADAM_BETA2: float = 0.95
     ADAM_EPSILON: float = 1e-8
-    WEIGHT_DECAY: float = 0.1  # decoupled; applied to matrices, not biases/norms
+    WEIGHT_DECAY: float = 0.1  # decoupled, x learning rate, on every parameter (as Pax)
     CLIP_GRADIENT_NORM_TO_VALUE: float = 1.0  # 0 disables clipping
 
     # --- Data ---
@@ -129,7 +144,7 @@ class BaseExperiment:
                     f"{near_matches(name, declared)}"
                 )
             _check_value(f"--fdl.{name}", name, value, declared[name])
-            if declared[name] is float:
+            if float in (declared[name], _optional_of(declared[name])) and value is not None:
                 value = float(value)
             elif isinstance(value, tuple):
                 value = list(value)
@@ -161,6 +176,55 @@ class BaseExperiment:
                 f"LR_COS_DECAY_START ({self.LR_COS_DECAY_START}) <= LR_COS_DECAY_END "
                 f"({self.LR_COS_DECAY_END})"
             )
+        for name in ("DROPOUT_PROB", "INPUT_DROPOUT_PROB", "ATTEN_DROPOUT_PROB",
+                     "RESIDUAL_DROPOUT_PROB", "RELU_DROPOUT_PROB"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise UserError(f"{name}={value} must be a probability in [0, 1)")
+
+    # --- The model seam -------------------------------------------------------------
+
+    def model_template(self) -> pax_fiddle.Config:
+        """The model: an unsharded praxis LanguageModel config (here, the Pax GPU GPT).
+
+        Override it to build another family (experiments/llama.py), or call super()
+        and swap a layer template (attention, feed-forward, norm). Sharding for the
+        mesh is added afterwards by the runtime (runner/partitioning.py).
+        """
+        from layers import gpt
+
+        return gpt.gpt_model(
+            self.transformer_stack(),
+            model_dims=self.MODEL_DIMS,
+            vocab_size=self.VOCAB_SIZE,
+            max_seq_len=self.MAX_SEQ_LEN,
+            packed_input=self.PACKED_INPUT,
+            fprop_dtype=self.FPROP_DTYPE,
+            init_std=self.INIT_STD,
+            softmax_init_std=self.SOFTMAX_INIT_STD,
+            layernorm_epsilon=self.LAYERNORM_EPSILON,
+            embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
+        )
+
+    def transformer_stack(self) -> pax_fiddle.Config:
+        """The stack of decoder layers with praxis's default layers (layers/stack.py)."""
+        from layers import stack
+
+        return stack.transformer_stack(
+            num_layers=self.NUM_LAYERS,
+            model_dims=self.MODEL_DIMS,
+            hidden_dims=self.HIDDEN_DIMS,
+            num_heads=self.NUM_HEADS,
+            dims_per_head=self.DIMS_PER_HEAD,
+            packed_input=self.PACKED_INPUT,
+            use_repeated_layer=self.USE_REPEATED_LAYER,
+            checkpoint_policy_name=self.CHECKPOINT_POLICY,
+            dropout_prob=self.DROPOUT_PROB,
+            input_dropout_prob=self.INPUT_DROPOUT_PROB,
+            atten_dropout_prob=self.ATTEN_DROPOUT_PROB,
+            residual_dropout_prob=self.RESIDUAL_DROPOUT_PROB,
+            relu_dropout_prob=self.RELU_DROPOUT_PROB,
+        )
 
     def run_config(self, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
         """The whole run as a Fiddle graph (see experiments/run_graph.py).
@@ -183,20 +247,34 @@ def _is_hyperparameter_name(name: str) -> bool:
 
 
 def _type_name(hint) -> str:
+    if _optional_of(hint) is not None:
+        return f"{_optional_of(hint).__name__} or None"
     return str(hint) if typing.get_origin(hint) else hint.__name__
+
+
+def _optional_of(hint):
+    """T for a `T | None` hint, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return inner
+    return None
 
 
 def _check_value(where: str, name: str, value, hint) -> None:
     """Raise UserError unless `value` fits the declared type (and choices) of `name`."""
     ok: bool
     origin = typing.get_origin(hint)
-    if origin is list:
+    if _optional_of(hint) is not None:
+        ok = value is None or _is_instance(value, _optional_of(hint))
+    elif origin is list:
         (item,) = typing.get_args(hint)
         ok = isinstance(value, (list, tuple)) and all(_is_instance(v, item) for v in value)
     else:
         ok = _is_instance(value, hint)
     if not ok:
-        example = {int: "8", float: "0.5", bool: "True", str: '"bfloat16"'}.get(hint, "[1,8,1]")
+        example = {int: "8", float: "0.5", bool: "True", str: '"bfloat16"'}.get(
+            _optional_of(hint) or hint, "[1,8,1]")
         raise UserError(
             f"{where}={value!r} has type {type(value).__name__}, but {name} is "
             f"{_type_name(hint)} (e.g. {example})"

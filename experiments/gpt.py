@@ -1,12 +1,18 @@
-"""GPT-3-style experiments of the Pax GPU README (126M, 5B, 175B) and a tiny CPU one.
+"""The GPT experiments of the Pax GPU configs (126M, 5B, 175B) and a tiny CPU one.
 
-Model sizes, meshes and batch sizes follow the Pax GPU configs; optimizer
-settings follow GPT-3 (Brown et al. 2020, table 2.1): Adam beta2 0.95, weight
-decay 0.1, clipping at 1.0, cosine decay to 10% of the peak rate.
-They train on The Pile (--data_dir, VOCAB_PATH) with Pile validation and
-Lambada evaluated every EVAL_INTERVAL_STEPS; the Synthetic* variants train on
-generated data for benchmarks. The dataset is a hyperparameter like any other:
-`--fdl.DATASET="synthetic"` switches any of them.
+Every value of GPT126M, GPT5B and GPT175B is copied from paxml's
+`paxml/contrib/gpu/scripts_gpu/configs.py` (with what it inherits from paxml's
+TransformerLmSpmdAdam and TransformerLmSpmdAdafactor); the model itself is
+layers/gpt.py. Differences, each on purpose (also in the README):
+- DCN_MESH_SHAPE is [1,1,1] (one node); the reference's is its multi-node launch
+  ([8,1,1] for 126M, [1,32,1] for 5B and 175B): pass it with --fdl.DCN_MESH_SHAPE.
+- Evaluation: Pile validation on EVAL_BATCHES batches and Lambada every
+  EVAL_INTERVAL_STEPS (the reference evaluates the Pile with its own input settings
+  and runs Lambada as a separate job).
+- The reference's GPT126M sets `R_COS_MIN_RATIO` (a typo), so its minimum ratio is
+  the inherited LR_COS_MIN_RATIO = 0.1; the same value is set here.
+The Synthetic* variants train on generated data for benchmarks. The dataset is a
+hyperparameter like any other: `--fdl.DATASET="synthetic"` switches any of them.
 """
 
 from experiments.base import BaseExperiment
@@ -14,11 +20,16 @@ from experiments.registry import register
 
 
 class _GPT(BaseExperiment):
-    """Shared GPT-3 settings; not registered."""
+    """Values shared by the reference's GPT configs; not registered."""
 
     VOCAB_SIZE = 50304  # GPT-2's 50257 rounded up to a multiple of 128
     MAX_SEQ_LEN = 2048
+    PACKED_INPUT = True
     FPROP_DTYPE = "bfloat16"
+    LAYERNORM_EPSILON = 1e-5
+    EMBEDDING_LOOKUP_STYLE = "matmul"
+    DROPOUT_PROB = 0.0
+    CHECKPOINT_POLICY = "none"  # a plain (not repeated) stack without remat
     ADAM_BETA1 = 0.9
     ADAM_BETA2 = 0.95
     ADAM_EPSILON = 1e-8
@@ -26,8 +37,9 @@ class _GPT(BaseExperiment):
     CLIP_GRADIENT_NORM_TO_VALUE = 1.0
     LR_COS_MIN_RATIO = 0.1
     SUMMARY_INTERVAL_STEPS = 100
-    EVAL_INTERVAL_STEPS = 1000
-    CHECKPOINT_EVERY_N_STEPS = 1000
+    EVAL_INTERVAL_STEPS = 100
+    CHECKPOINT_EVERY_N_STEPS = 5000
+    CHECKPOINT_MAX_TO_KEEP = 10
     DATASET = "pile"
     LAMBADA_EVAL = True
     EVAL_BATCHES = 10
@@ -35,7 +47,7 @@ class _GPT(BaseExperiment):
 
 @register
 class GPT126M(_GPT):
-    """GPT-3 Small, 126M parameters; pure data parallelism on 8 GPUs per node.
+    """GPT-3 Small, 126M parameters; pure data parallelism on the 8 GPUs of a node.
 
     VOCAB_PATH=c4_en_301_5Mexp2_spm.model python main.py --fdl_config=experiments.GPT126M --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/gpt126m
     """
@@ -45,12 +57,14 @@ class GPT126M(_GPT):
     MODEL_DIMS = 768
     HIDDEN_DIMS = 3072
     DIMS_PER_HEAD = 64
+    INIT_STD = 0.023
+    SOFTMAX_INIT_STD = 0.023
     ICI_MESH_SHAPE = [8, 1, 1]
     PERCORE_BATCH_SIZE = 4
     LEARNING_RATE = 6e-4
-    LR_COS_WARMUP = 4000
-    LR_COS_DECAY_START = 4001
-    LR_COS_DECAY_END = 600000
+    LR_COS_WARMUP = 636
+    LR_COS_DECAY_START = 637
+    LR_COS_DECAY_END = 500000
     MAX_STEPS = 600000
 
 
@@ -66,15 +80,20 @@ class GPT5B(_GPT):
     MODEL_DIMS = 4096
     HIDDEN_DIMS = 16384
     DIMS_PER_HEAD = 128
+    INIT_STD = 0.01
+    SOFTMAX_INIT_STD = 0.01
+    INPUT_DROPOUT_PROB = 0.1
     ICI_MESH_SHAPE = [1, 8, 1]
     PERCORE_BATCH_SIZE = 8
     USE_REPEATED_LAYER = True
-    CHECKPOINT_POLICY = "save_nothing"
+    CHECKPOINT_POLICY = "save_dot_with_no_batch_dims"
     LEARNING_RATE = 1.6e-4
     LR_COS_WARMUP = 115
     LR_COS_DECAY_START = 116
     LR_COS_DECAY_END = 62500
     MAX_STEPS = 75000
+    CHECKPOINT_EVERY_N_STEPS = 250
+    SUMMARY_INTERVAL_STEPS = 10
 
 
 @register
@@ -89,15 +108,23 @@ class GPT175B(_GPT):
     MODEL_DIMS = 12288
     HIDDEN_DIMS = 49152
     DIMS_PER_HEAD = 128
+    VOCAB_SIZE = 50257
+    # Not set by the reference's GPT175B: inherited from its GPT126M.
+    INIT_STD = 0.023
+    SOFTMAX_INIT_STD = 0.023
     ICI_MESH_SHAPE = [1, 8, 1]
     PERCORE_BATCH_SIZE = 6
     USE_REPEATED_LAYER = True
     CHECKPOINT_POLICY = "save_nothing"
-    LEARNING_RATE = 6e-5
+    LEARNING_RATE = 2e-5
     LR_COS_WARMUP = 265
     LR_COS_DECAY_START = 266
     LR_COS_DECAY_END = 108600
     MAX_STEPS = 75000
+    EVAL_INTERVAL_STEPS = 100
+    SUMMARY_INTERVAL_STEPS = 10
+    CHECKPOINT_EVERY_N_STEPS = 100
+    CHECKPOINT_MAX_TO_KEEP = 10
 
 
 @register

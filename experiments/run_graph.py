@@ -6,30 +6,16 @@ writes it to job_log_dir and `--print_config` shows it.
 
 import fiddle as fdl
 
-from layers.gpt import gpt_model_config
-from runner import optimizer, spec
+from runner import optimizer, partitioning, spec
 from runner.errors import UserError
-from tasks import datasets, synthetic
+from tasks import datasets, evaluations, synthetic
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
-    mesh_shape = [i * d for i, d in zip(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, strict=True)]
-    model = gpt_model_config(
-        num_layers=exp.NUM_LAYERS,
-        model_dims=exp.MODEL_DIMS,
-        hidden_dims=exp.HIDDEN_DIMS,
-        num_heads=exp.NUM_HEADS,
-        dims_per_head=exp.DIMS_PER_HEAD,
-        vocab_size=exp.VOCAB_SIZE,
-        max_seq_len=exp.MAX_SEQ_LEN,
-        use_repeated_layer=exp.USE_REPEATED_LAYER,
-        checkpoint_policy_name=exp.CHECKPOINT_POLICY,
-        fprop_dtype=exp.FPROP_DTYPE,
-        init_std=exp.INIT_STD,
-        layernorm_epsilon=exp.LAYERNORM_EPSILON,
-        packed_input=exp.PACKED_INPUT,
-        mesh_shape=tuple(mesh_shape),
-    )
+    mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
+                      dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
+    # The experiment says what the model is; sharding for the mesh comes last, once.
+    model = partitioning.shard_model(exp.model_template(), spec.mesh_size(mesh))
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
         learning_rate=exp.LEARNING_RATE,
@@ -54,8 +40,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         model=model,
         optimizer=opt,
         learning_rate=schedule,
-        mesh=fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
-                        dcn_mesh_shape=list(exp.DCN_MESH_SHAPE)),
+        mesh=mesh,
         loop=fdl.Config(
             spec.LoopSpec,
             max_steps=exp.MAX_STEPS,
@@ -76,14 +61,14 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
 
 
 def _datasets(exp, data_dir, vocab_path):
-    """(train input factory or None, [EvalSpec configs]) for exp.DATASET and LAMBADA_EVAL."""
+    """(train input factory or None, [Evaluation configs]) for exp.DATASET and LAMBADA_EVAL."""
     if exp.DATASET == "synthetic":
         train = fdl.Partial(synthetic.SyntheticTrainInput, seq_len=exp.MAX_SEQ_LEN,
                             vocab_size=exp.VOCAB_SIZE, seed=exp.TRAIN_INPUT_RANDOM_SEED)
         evals = []
         if exp.EVAL_BATCHES:
             evals.append(fdl.Config(
-                spec.EvalSpec, name="synthetic_eval", kind="lm",
+                evaluations.TokenLossEval, name="synthetic_eval",
                 make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=exp.MAX_SEQ_LEN,
                                        vocab_size=exp.VOCAB_SIZE, num_batches=exp.EVAL_BATCHES,
                                        # A seed of its own: evaluation never sees training rows.
@@ -109,12 +94,12 @@ def _datasets(exp, data_dir, vocab_path):
                             packed=exp.PACKED_INPUT)
         if exp.EVAL_BATCHES:
             evals.append(fdl.Config(
-                spec.EvalSpec, name="pile_val", kind="lm",
+                evaluations.TokenLossEval, name="pile_val",
                 make_input=fdl.Partial(datasets.pile_eval_input, data_dir=data_dir, vocab=vocab,
                                        seq_len=exp.MAX_SEQ_LEN, num_batches=exp.EVAL_BATCHES)))
     if exp.LAMBADA_EVAL:
         evals.append(fdl.Config(
-            spec.EvalSpec, name="lambada", kind="lambada",
+            evaluations.LambadaEval, name="lambada",
             make_input=fdl.Partial(datasets.LambadaEvalInput, data_dir=data_dir, vocab=vocab,
                                    seq_len=exp.MAX_SEQ_LEN,
                                    max_examples=exp.LAMBADA_MAX_EXAMPLES)))

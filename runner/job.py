@@ -50,13 +50,14 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
         # Before anything is written there: one directory never mixes two experiments.
         checkpoints.check_experiment(checkpoint_dir, experiment)
     config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path)
-    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
-    mesh_lib.global_batch_size(exp.PERCORE_BATCH_SIZE, mesh)  # fail fast on a bad batch
+    run_spec = pax_fiddle.build(config)
+    # The mesh the graph names is the one the run uses (the model was sharded for it).
+    mesh = mesh_lib.create_mesh(run_spec.mesh.ici_mesh_shape, run_spec.mesh.dcn_mesh_shape)
+    mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
     # Evaluating a training run's directory (another experiment, e.g. Lambada126M on a
     # GPT126M run) must not overwrite that run's recorded config.
     if _is_primary() and (mode == "train" or checkpoints.latest_step(checkpoint_dir) is None):
         write_config(job_log_dir, exp, config)
-    run_spec = pax_fiddle.build(config)
     trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=peak_tflops)
     source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
                                         restore_checkpoint_step, mode)

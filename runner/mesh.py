@@ -14,8 +14,10 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from layers.gpt import MESH_AXIS_NAMES
 from runner.errors import UserError
+
+# (DP, FSDP, TP). Model weights are laid out on (data, mdl) and replicated over replica.
+MESH_AXIS_NAMES = ("replica", "data", "mdl")
 
 # Activations' batch dimension is split over these axes (DP and FSDP); the
 # tensor-parallel axis sees the whole batch.

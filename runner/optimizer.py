@@ -1,6 +1,10 @@
-"""AdamW with global-norm clipping and Pax's linear-rampup-cosine-decay schedule."""
+"""Adam as praxis's optimizers.Adam in the Pax GPU configs, and Pax's learning-rate schedule.
 
-import jax
+Same update as praxis's sharded_adam (bias-corrected moments, epsilon outside the
+square root, epsilon_root 0, no update clipping) plus global-norm gradient
+clipping, on optax; tests/test_optimizer.py checks both against praxis.
+"""
+
 import jax.numpy as jnp
 import optax
 
@@ -21,11 +25,6 @@ def linear_rampup_cosine_decay(
     return schedule
 
 
-def _decay_mask(params):
-    # Decoupled weight decay on matrices only; biases, norms and scales are left alone (GPT-3).
-    return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
-
-
 def adamw(
     *,
     schedule: optax.Schedule,
@@ -44,8 +43,10 @@ def adamw(
             b1=beta1,
             b2=beta2,
             eps=epsilon,
+            # Decoupled and scaled by the learning rate, on every parameter, as praxis's
+            # Adam(weight_decay=) in the Pax configs (its LayerNorm scales are stored as
+            # offsets from 1, so decay pulls them towards 1).
             weight_decay=weight_decay,
-            mask=_decay_mask,
         )
     )
     return optax.chain(*parts)

@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -16,6 +18,11 @@ import optax
 class MeshSpec:
     ici_mesh_shape: list[int]
     dcn_mesh_shape: list[int]
+
+
+def mesh_size(mesh) -> list[int]:
+    """The whole mesh along each axis: ICI x DCN (a MeshSpec or its fdl.Config)."""
+    return [i * d for i, d in zip(mesh.ici_mesh_shape, mesh.dcn_mesh_shape, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +48,37 @@ class ModelShape:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalSpec:
-    """One evaluation set.
+class Evaluation:
+    """One evaluation set; subclasses (tasks/evaluations.py) bring their own metrics.
 
     `make_input(global_batch_size=, process_rows=)` returns an iterable of batch
-    dicts. kind "lm": loss and perplexity over all weighted tokens. kind
-    "lambada": weights mark the target word; accuracy = every target token right.
+    dicts. Per batch, `batch_outputs` runs on the devices, inside the jitted eval
+    step, and returns arrays with the batch as their first dimension; the runner
+    concatenates them over all batches and hands them to `metrics` (and, for
+    `--mode=eval`, to `write_outputs`). The runner knows no evaluation by name.
     """
 
     name: str
-    kind: str
     make_input: Callable[..., Any]
+
+    def batch_outputs(self, predictions, batch: dict) -> dict:
+        """Per-example [B] sums over the weighted target tokens: log-probability, count
+        and argmax-correct. `predictions` is praxis LanguageModel.compute_predictions'."""
+        weights = batch["weights"]  # [B, T]
+        logprob = -predictions.per_example_xent.astype(jnp.float32)  # [B, T]
+        correct = (predictions.per_example_argmax == batch["labels"]).astype(jnp.float32)
+        return {
+            "logprob": jnp.sum(logprob * weights, axis=1),
+            "num_targets": jnp.sum(weights, axis=1),
+            "num_correct": jnp.sum(correct * weights, axis=1),
+        }
+
+    def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def write_outputs(self, directory: str, data, outputs: dict[str, np.ndarray]) -> str | None:
+        """Write per-example results under `directory` (process 0 only); return the path."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,4 +93,4 @@ class RunSpec:
     # `make_train_input(global_batch_size=, process_rows=)` -> object with
     # next_batch(), get_state(), set_state(); None for eval-only experiments.
     make_train_input: Callable[..., Any] | None = None
-    evals: list[EvalSpec] = dataclasses.field(default_factory=list)
+    evals: list[Evaluation] = dataclasses.field(default_factory=list)

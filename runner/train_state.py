@@ -27,7 +27,12 @@ def as_model_batch(batch: dict, fprop_dtype=jnp.float32) -> py_utils.NestedMap:
 
     As paxml does: a float32 `paddings` would promote bfloat16 activations back
     to float32 inside each layer (and break StackedTransformerRepeated's scan).
+    Inputs mark batch-padding rows by all-zero token weights; `eval_sample_weights`
+    [B] gives praxis the same as one weight per example (the Pax GPU models set
+    `apply_eval_sample_weights`).
     """
+    batch = {**batch,
+             "eval_sample_weights": (jnp.sum(batch["weights"], axis=1) > 0).astype(jnp.float32)}
     return py_utils.NestedMap({
         k: v.astype(fprop_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
         for k, v in batch.items()
@@ -47,6 +52,21 @@ def param_partition_specs(model, example_batch: dict, mesh: Mesh):
     if extra:
         raise NotImplementedError(f"model has variable collections besides params: {extra}")
     return specs["params"]
+
+
+def replicated_matrices(param_specs, abstract_params) -> list[str]:
+    """Names of weight matrices (praxis names them `w` or `emb_var`) without any
+    sharding annotation: a full copy on every device. On a mesh that shards weights
+    this usually means a layer class praxis's sharding helper does not know
+    (runner/partitioning.py)."""
+    flat_specs = dict(jax.tree_util.tree_flatten_with_path(
+        param_specs, is_leaf=lambda x: isinstance(x, P))[0])
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[-1] in ("w", "emb_var") and all(axis is None for axis in flat_specs[path]):
+            names.append("/".join(keys))
+    return names
 
 
 def state_shardings(tx: optax.GradientTransformation, param_specs, abstract_params, mesh: Mesh):

@@ -5,7 +5,6 @@ with prefetch -> loop. The loop never waits for the device except at summary,
 evaluation and checkpoint steps, where it must read values anyway.
 """
 
-import math
 import time
 
 import jax
@@ -25,9 +24,9 @@ from runner.train_state import (
     make_init_fn,
     param_partition_specs,
     praxis_context,
+    replicated_matrices,
     state_shardings,
 )
-from tasks import lambada
 
 BATCH_DTYPES = {
     "ids": jnp.int32,
@@ -64,6 +63,11 @@ class Trainer:
             param_specs = param_partition_specs(self.model, example, mesh)
         init_fn = make_init_fn(self.model, self.tx, self.batch_shapes)
         abstract_state = jax.eval_shape(init_fn, jax.random.key(0))
+        if mesh.shape["data"] * mesh.shape["mdl"] > 1:
+            unsharded = replicated_matrices(param_specs, abstract_state["params"])
+            if unsharded:
+                log(f"warning: {len(unsharded)} weight matrices have no sharding annotation "
+                    f"and are copied whole to every device, e.g. {unsharded[0]}")
         self.state_shardings = state_shardings(
             self.tx, param_specs, abstract_state["params"], mesh
         )
@@ -80,11 +84,7 @@ class Trainer:
             out_shardings=(self.state_shardings, replicated),
             donate_argnums=0,
         )
-        self.eval_step = jax.jit(
-            self._eval_step,
-            in_shardings=(self.state_shardings["params"], batch_shardings),
-            out_shardings=replicated,
-        )
+        self._eval_steps = {}  # evaluation name -> its jitted step (see eval_step)
 
         self.num_params = sum(a.size for a in jax.tree_util.tree_leaves(abstract_state["params"]))
         shape = run.model_shape
@@ -142,25 +142,26 @@ class Trainer:
         }
         return new_state, metrics
 
-    def _eval_step(self, params, batch):
-        """Per-example [B] sums of target log-probability, target tokens and correct targets."""
-        with praxis_context(do_eval=True):
-            predictions = self.model.apply(
-                {"params": params},
-                as_model_batch(batch, self.model.fprop_dtype),
-                method=self.model.compute_predictions,
+    def eval_step(self, evaluation):
+        """The jitted step of one evaluation set: (params, batch) -> its batch_outputs."""
+        if evaluation.name not in self._eval_steps:
+
+            def step(params, batch):
+                with praxis_context(do_eval=True):
+                    predictions = self.model.apply(
+                        {"params": params},
+                        as_model_batch(batch, self.model.fprop_dtype),
+                        method=self.model.compute_predictions,
+                    )
+                return evaluation.batch_outputs(predictions, batch)
+
+            self._eval_steps[evaluation.name] = jax.jit(
+                step,
+                in_shardings=(self.state_shardings["params"],
+                              {k: self.data_sharding for k in BATCH_DTYPES}),
+                out_shardings=mesh_lib.replicated(self.mesh),
             )
-        weights = batch["weights"]  # [B, T]
-        logprob = -predictions.per_example_xent.astype(jnp.float32)  # [B, T]
-        correct = (predictions.per_example_argmax == batch["labels"]).astype(jnp.float32)
-        return {
-            "logprob": jnp.sum(logprob * weights, axis=1),
-            "num_targets": jnp.sum(weights, axis=1),
-            "num_correct": jnp.sum(correct * weights, axis=1),
-            # Per-token outputs for Lambada's per-example predictions file.
-            "argmax": predictions.per_example_argmax.astype(jnp.int32),  # [B, T]
-            "weights": weights,  # [B, T]
-        }
+        return self._eval_steps[evaluation.name]
 
     # ----- host side ------------------------------------------------------------
 
@@ -302,8 +303,8 @@ class Trainer:
     def evaluate(self, params, step: int, predictions_dir: str | None = None):
         """Run every evaluation set once; log and write the results; return them.
 
-        With `predictions_dir`, Lambada's per-example predictions are written there
-        as lambada_predictions.jsonl (process 0).
+        With `predictions_dir`, each set writes its per-example outputs there, if it has
+        any (process 0; Lambada: lambada_predictions.jsonl).
         """
         # Never let two different programs overlap on the devices: on the CPU
         # backend they share one thread pool, and a program parked in a collective
@@ -315,45 +316,23 @@ class Trainer:
             start = time.perf_counter()
             data = ev.make_input(global_batch_size=self.global_batch_size,
                                  process_rows=self.process_rows)
+            step_fn = self.eval_step(ev)
             outputs = []
             for host_batch in data:
                 with self.mesh:
-                    out = jax.block_until_ready(self.eval_step(params, self.to_device(host_batch)))
+                    out = jax.block_until_ready(step_fn(params, self.to_device(host_batch)))
                 outputs.append(jax.device_get(out))
             if not outputs:
                 raise UserError(f"evaluation set {ev.name} produced no batches")
             per_example = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
-            metrics = summarize_eval(ev.kind, per_example)
+            metrics = ev.metrics(per_example)
             results[ev.name] = metrics
             shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in metrics.items())
             log(f"step {step:>6} | eval {ev.name} | {shown} | {time.perf_counter() - start:.1f}s")
             self.writer("eval").scalars(step, {f"{ev.name}/{k}": v for k, v in metrics.items()})
-            if predictions_dir and ev.kind == "lambada" and jax.process_index() == 0:
-                path = write_lambada_predictions(predictions_dir, data, per_example)
-                log(f"wrote per-example predictions to {path}")
+            if predictions_dir and jax.process_index() == 0:
+                path = ev.write_outputs(predictions_dir, data, per_example)
+                if path:
+                    log(f"wrote per-example predictions to {path}")
         return results
-
-
-def summarize_eval(kind: str, per_example: dict[str, np.ndarray]) -> dict[str, float]:
-    """Per-example sums -> metrics. Rows without target tokens are padding and are ignored."""
-    if kind == "lambada":
-        return lambada.lambada_metrics(
-            per_example["num_correct"], per_example["num_targets"], per_example["logprob"])
-    real = per_example["num_targets"] > 0
-    tokens = float(per_example["num_targets"][real].sum())
-    loss = -float(per_example["logprob"][real].sum()) / tokens
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
-            "accuracy": float(per_example["num_correct"][real].sum()) / tokens}
-
-
-def write_lambada_predictions(directory: str, data, per_example: dict[str, np.ndarray]) -> str:
-    """lambada_predictions.jsonl: context, target, decoded prediction, correct, logprob."""
-    count = len(data.examples)  # rows past the last example are batch padding
-    weights = per_example["weights"][:count] > 0  # [N, T] target positions
-    predicted = [row[mask].tolist() for row, mask in zip(per_example["argmax"][:count], weights,
-                                                         strict=True)]
-    return str(lambada.write_predictions(
-        f"{directory}/lambada_predictions.jsonl", data.examples, data.vocab,
-        per_example["num_correct"][:count], per_example["num_targets"][:count],
-        per_example["logprob"][:count], predicted))

@@ -18,8 +18,9 @@ TINY = dict(
 def make_trainer(tmp_path, devices=None, experiment=experiments.BaseExperiment, **overrides):
     exp = experiment(**{**TINY, **overrides})
     devices = jax.devices() if devices is None else devices
-    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, devices=devices)
     run = pax_fiddle.build(exp.run_config())
+    mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape,
+                                devices=devices)
     return Trainer(run, mesh, str(tmp_path))
 
 

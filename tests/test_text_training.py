@@ -44,8 +44,8 @@ def _trainer(tmp_path, data_dir, vocab, **overrides):
         **TINY, "DATASET": "pile", "LAMBADA_EVAL": True, "VOCAB_SIZE": 512,
         "ICI_MESH_SHAPE": [2, 2, 2], "PERCORE_BATCH_SIZE": 1, "EVAL_BATCHES": 2,
         "LEARNING_RATE": 3e-3, "LR_COS_WARMUP": 5, "LR_COS_DECAY_START": 5, **overrides})
-    mesh = mesh_lib.create_mesh(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE)
     run = pax_fiddle.build(exp.run_config(data_dir=data_dir and str(data_dir), vocab_path=str(vocab)))
+    mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
     return Trainer(run, mesh, str(tmp_path))
 
 

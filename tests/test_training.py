@@ -30,12 +30,12 @@ def test_sharding_and_losses_match_one_device(ici, tmp_path, single_device_losse
     state = trainer.init_state()
     layer = ("lm", "transformer", "x_layers_0")
     ffn_spec, ffn = _spec(state, *layer, "ff_layer", "ffn_layer1", "linear", "w")  # [D, F]
-    q_spec, _ = _spec(state, *layer, "self_attention", "query", "w")  # [D, N, H]
-    emb_spec, _ = _spec(state, "lm", "softmax", "embedding", "w")  # [V, D]
+    qkv_spec, _ = _spec(state, *layer, "self_attention", "combined_qkv", "w")  # [3, D, N, H]
+    emb_spec, _ = _spec(state, "lm", "softmax", "logits_ffn", "linear", "w")  # [D, V], tied
     # Weights live on (data, mdl) and are replicated over replica (praxis annotations).
     assert ffn_spec == P("data", "mdl")
-    assert q_spec == P("data", "mdl", None)
-    assert emb_spec == P("mdl", "data")
+    assert qkv_spec == P(None, "data", "mdl", None)
+    assert emb_spec == P("data", "mdl")
     data, mdl = ici[1], ici[2]
     shard_shape = ffn.addressable_shards[0].data.shape
     assert shard_shape == (64 // data, 256 // mdl)
@@ -56,8 +56,8 @@ def test_train_step_compiles_once_over_ten_steps(tmp_path):
 def test_repeated_layers_train_like_stacked(tmp_path):
     fast = dict(ICI_MESH_SHAPE=[1, 8, 1], LEARNING_RATE=3e-3, LR_COS_WARMUP=1,
                 LR_COS_DECAY_START=1, LR_COS_DECAY_END=100)
-    stacked = train_losses(make_trainer(tmp_path / "s", **fast), 8)
-    repeated = train_losses(make_trainer(tmp_path / "r", USE_REPEATED_LAYER=True, **fast), 8)
+    stacked = train_losses(make_trainer(tmp_path / "s", **fast), 12)
+    repeated = train_losses(make_trainer(tmp_path / "r", USE_REPEATED_LAYER=True, **fast), 12)
     # Same maths, different parameter layout (one stacked [L, ...] array per weight,
     # so different random draws): the trajectories agree closely, and both learn.
     np.testing.assert_allclose(repeated, stacked, rtol=0.01)

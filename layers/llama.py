@@ -1,0 +1,79 @@
+"""A Llama-style decoder on praxis layers (Touvron et al. 2023, "Llama 2", section 2.2).
+
+Differences from the GPT (layers/gpt.py): rotary position embeddings instead of
+learned positions, RMSNorm instead of LayerNorm, a gated SiLU feed-forward
+(SwiGLU), no biases anywhere, an output layer separate from the input embedding,
+and optional grouped-query attention (num_kv_heads < num_heads).
+
+RMSNorm scales are stored as offsets from 1 (`direct_scale=False`, like praxis's
+LayerNorm), so weight decay pulls them towards 1, not 0.
+"""
+
+from praxis import pax_fiddle
+from praxis.layers import (
+    activations,
+    attentions,
+    embedding_softmax,
+    multi_query_attention,
+    normalizations,
+    transformer_models,
+)
+
+from layers.stack import gaussian, language_model, transformer_layer_template
+
+
+def llama_model(
+    stack: pax_fiddle.Config,
+    *,
+    model_dims: int,
+    vocab_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    packed_input: bool,
+    fprop_dtype: str,
+    init_std: float,
+    softmax_init_std: float,
+    norm_epsilon: float,
+    rope_max_wavelength: float,
+    embedding_lookup_style: str = "index",
+) -> pax_fiddle.Config:
+    """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`."""
+    rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
+                                 direct_scale=False)
+    lm = pax_fiddle.Config(
+        transformer_models.TransformerLm,
+        model_dims=model_dims,
+        vocab_size=vocab_size,
+        packed_input=packed_input,
+        stacked_transformer_tpl=stack,
+        position_emb_tpl=None,  # positions enter through RoPE in every attention layer
+        final_ln_tpl=rms_norm.clone(),
+    )
+    lm.separate_embedding_tpl = pax_fiddle.Config(
+        embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
+        scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
+    lm.softmax_tpl = pax_fiddle.Config(
+        embedding_softmax.FullSoftmax, num_classes=vocab_size, input_dims=model_dims,
+        soft_cap_logits=None, params_init=gaussian(softmax_init_std))
+    lm.softmax_tpl.feed_forward_tpl.has_bias = False
+
+    layer = transformer_layer_template(stack)
+    layer.ln_tpl = rms_norm.clone()
+    ffn = layer.tr_fflayer_tpl
+    ffn.ln_tpl = rms_norm.clone()
+    ffn.activation_tpl = pax_fiddle.Config(activations.SiLU)
+    ffn.use_gated_activation = True
+    ffn.has_bias = False
+    rope = pax_fiddle.Config(embedding_softmax.RotaryPositionalEmbedding,
+                             max_timescale=rope_max_wavelength)
+    if num_kv_heads == num_heads:
+        layer.tr_atten_tpl = pax_fiddle.Config(
+            attentions.DotProductAttention, combine_qkv=True,
+            internal_enable_per_dim_scale=False)
+    else:
+        layer.tr_atten_tpl = pax_fiddle.Config(
+            multi_query_attention.MultiQueryDotProductAttention,
+            num_kv_heads=num_kv_heads, scale_query_by_dim_per_head=True)
+    layer.tr_atten_tpl.set(use_bias=False, use_rotary_position_emb=True,
+                           rotary_position_emb_tpl=rope)
+    return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)

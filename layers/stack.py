@@ -1,0 +1,97 @@
+"""Pieces every decoder family shares: the layer stack, the LanguageModel wrapper, and
+one helper that finds the per-layer template inside a stack, repeated or not.
+
+A family (layers/gpt.py, layers/llama.py) takes the stack from `transformer_stack`,
+configures the layer template it returns (norms, attention, feed-forward) and wraps
+the result with `language_model`. Everything here is unsharded: the runtime adds
+sharding last (runner/partitioning.py), whatever layer classes the template holds.
+"""
+
+import jax.numpy as jnp
+from praxis import base_layer, pax_fiddle
+from praxis.layers import checkpoint_policy, models, transformers
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def gaussian(std: float) -> pax_fiddle.Config:
+    return pax_fiddle.Config(base_layer.WeightInit, method="gaussian", scale=std)
+
+
+def transformer_stack(
+    *,
+    num_layers: int,
+    model_dims: int,
+    hidden_dims: int,
+    num_heads: int,
+    dims_per_head: int,
+    packed_input: bool,
+    use_repeated_layer: bool,
+    checkpoint_policy_name: str,
+    dropout_prob: float = 0.0,
+    input_dropout_prob: float = 0.0,
+    atten_dropout_prob: float | None = None,
+    residual_dropout_prob: float | None = None,
+    relu_dropout_prob: float | None = None,
+) -> pax_fiddle.Config:
+    """A causal StackedTransformer (or one layer scanned NUM_LAYERS times), praxis defaults.
+
+    Dropout probabilities keep praxis's meaning: `None` falls back to `dropout_prob`.
+    Remat follows the Pax configs: a repeated stack always rematerialises each layer
+    with the policy ("none" = save everything); a plain stack does so only when a
+    policy other than "none" is named.
+    """
+    block = pax_fiddle.Config(
+        transformers.StackedTransformer,
+        num_layers=num_layers,
+        model_dims=model_dims,
+        hidden_dims=hidden_dims,
+        num_heads=num_heads,
+        dim_per_head=dims_per_head,
+        mask_self_attention=True,  # causal
+        packed_input=packed_input,
+        dropout_prob=dropout_prob,
+        input_dropout_prob=input_dropout_prob,
+        atten_dropout_prob=atten_dropout_prob,
+        residual_dropout_prob=residual_dropout_prob,
+        relu_dropout_prob=relu_dropout_prob,
+    )
+    policy = checkpoint_policy.AutodiffCheckpointType(
+        "save_everything" if checkpoint_policy_name == "none" else checkpoint_policy_name
+    )
+    if not use_repeated_layer:
+        block.remat = checkpoint_policy_name != "none"
+        block.checkpoint_policy = policy
+        return block
+    # One layer's weights stacked NUM_LAYERS times and run under lax.scan: compile
+    # time stays flat as the model gets deeper.
+    block.num_layers = 1
+    return pax_fiddle.Config(transformers.StackedTransformerRepeated, block=block,
+                             x_times=num_layers, checkpoint_policy=policy)
+
+
+def transformer_layer_template(stack: pax_fiddle.Config) -> pax_fiddle.Config:
+    """The per-layer Transformer template of a stack config, repeated or not."""
+    if issubclass(stack.cls, transformers.StackedTransformerRepeated):
+        stack = stack.block
+    return stack.transformer_layer_params_tpl
+
+
+def language_model(lm: pax_fiddle.Config, *, fprop_dtype: str, init_std: float
+                   ) -> pax_fiddle.Config:
+    """The praxis LanguageModel around a TransformerLm config.
+
+    Parameters are float32 and `fprop_dtype` is the compute dtype. `init_std` is
+    the default Gaussian init of every weight that does not name its own (praxis
+    passes `params_init` down to child layers).
+    """
+    return pax_fiddle.Config(
+        models.LanguageModel,
+        name="lm",
+        lm_tpl=lm,
+        fprop_dtype=DTYPES[fprop_dtype],
+        dtype=jnp.float32,
+        params_init=gaussian(init_std),
+        # Pax GPU configs: evaluation honours per-example `eval_sample_weights` when given.
+        apply_eval_sample_weights=True,
+    )

@@ -1,0 +1,53 @@
+"""Sharding a model template for the mesh: applied once, last, whatever the template holds.
+
+Experiments build unsharded praxis templates (BaseExperiment.model_template); this
+adds praxis's canonical "v1" annotations for the (replica, data, mdl) mesh: weights
+laid out on (data, mdl) and replicated over replica, activations split on the batch
+over (replica, data) and on model dimensions over mdl. Because it runs after the
+experiment has swapped any layer template (attention, feed-forward, norm), the
+swapped layers are annotated like the ones they replaced.
+"""
+
+import copy
+
+from praxis import pax_fiddle
+from praxis.layers import embedding_softmax
+
+from runner.mesh import MESH_AXIS_NAMES
+
+
+def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
+    """A copy of the LanguageModel `template` annotated for a mesh of `mesh_shape`.
+
+    `mesh_shape` is the whole mesh (ICI x DCN per axis) over MESH_AXIS_NAMES.
+    """
+    model = copy.deepcopy(template)
+    mesh_shape = list(mesh_shape)
+    replica, data, mdl = MESH_AXIS_NAMES
+    lm = model.lm_tpl
+    # praxis's helper also switches shared embeddings to one-hot matmul lookups;
+    # the template's own choice of lookup is kept.
+    lookups = {name: getattr(lm, name).lookup_style for name in ("softmax_tpl",
+                                                                 "separate_embedding_tpl")
+               if _has_lookup_style(getattr(lm, name, None))}
+    lm = lm.cls.set_sharding_params_v1(
+        lm,
+        replica_axis=replica,
+        data_axis=data,
+        mdl_axis=mdl,
+        ici_mesh_shape=mesh_shape,
+        dcn_mesh_shape=None,
+        mesh_axis_names=list(MESH_AXIS_NAMES),
+        training_optimized=True,
+    )
+    for name, style in lookups.items():
+        getattr(lm, name).lookup_style = style
+    model.lm_tpl = lm
+    model.ici_mesh_shape = mesh_shape
+    model.mesh_axis_names = list(MESH_AXIS_NAMES)
+    return model
+
+
+def _has_lookup_style(layer) -> bool:
+    return layer is not None and issubclass(
+        layer.cls, (embedding_softmax.SharedEmbeddingSoftmax, embedding_softmax.Embedding))
