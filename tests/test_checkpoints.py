@@ -138,11 +138,12 @@ def test_round_trip_state_input_position_and_metadata(tmp_path, trainer, capsys)
     assert restored.metadata["experiment"] == "tests.Tiny"
     assert restored.metadata["hyperparameters"]["MODEL_DIMS"] == TINY["MODEL_DIMS"]
     assert "MAX_STEPS" not in restored.metadata["hyperparameters"]  # not a shape
-    assert restored.metadata["params"]["lm/softmax/embedding/w"] == {
-        "shape": [TINY["VOCAB_SIZE"], TINY["MODEL_DIMS"]], "dtype": "float32"}
+    assert restored.metadata["params"]["lm/softmax/logits_ffn/linear/w"] == {
+        "shape": [TINY["MODEL_DIMS"], TINY["VOCAB_SIZE"]], "dtype": "float32"}
     # Restored straight into the run's layout.
-    w = restored.state["params"]["lm"]["softmax"]["embedding"]["w"]
-    assert w.sharding == trainer.state_shardings["params"]["lm"]["softmax"]["embedding"]["w"]
+    w = restored.state["params"]["lm"]["softmax"]["logits_ffn"]["linear"]["w"]
+    assert w.sharding == (
+        trainer.state_shardings["params"]["lm"]["softmax"]["logits_ffn"]["linear"]["w"])
     assert [s for s, v in writer.scalars_written if "checkpoint/save_seconds" in v] == [step]
     assert f"step {step:>6} | checkpoint {tmp_path / 'ckpt' / str(step)} complete" in (
         capsys.readouterr().out)
@@ -319,7 +320,7 @@ def test_skip_nonfinite_steps_skips_the_step_and_goes_on(tmp_path, monkeypatch, 
     # Step 5 kept the parameters and moments of step 4; step 6 trained again.
     assert_bitwise_equal(states[5]["params"], states[4]["params"])
     assert_bitwise_equal(states[5]["opt_state"], states[4]["opt_state"])
-    w5, w6 = (states[s]["params"]["lm"]["softmax"]["embedding"]["w"] for s in (5, 6))
+    w5, w6 = (states[s]["params"]["lm"]["softmax"]["logits_ffn"]["linear"]["w"] for s in (5, 6))
     assert np.isfinite(w6).all() and not np.array_equal(w5, w6)
 
 

@@ -1,0 +1,151 @@
+"""A Llama-style family through the model seam: nothing in runner/ knows it exists.
+
+`LlamaBase.model_template` returns layers/llama.py's praxis config; the runtime
+shards it like any other template. This module is also the README's example of
+adding a model family from a user's own module.
+
+Sizes are published ones: Llama1B is TinyLlama-1.1B (Zhang et al. 2024, "TinyLlama:
+An Open-Source Small Language Model", table 1 and its released config: 22 layers,
+2048 wide, 5632 feed-forward, 32 heads in 4 key/value groups, 2048 tokens,
+peak learning rate 4e-4 with 2000 warmup steps down to 4e-5); Llama7B is Llama 2 7B
+(Touvron et al. 2023, "Llama 2", tables 1 and section 2.2: 32 layers, 4096 wide,
+11008 feed-forward, 32 heads, 4096 tokens, AdamW beta2 0.95, epsilon 1e-5,
+weight decay 0.1, clipping 1.0, peak 3e-4 with 2000 warmup steps, cosine to 10%).
+Both use a 32000-piece vocabulary and RMSNorm epsilon 1e-5.
+"""
+
+from experiments.base import BaseExperiment
+from experiments.registry import register
+from runner.errors import UserError
+
+
+class LlamaBase(BaseExperiment):
+    """Llama-style decoder; a subclass sets the sizes. Not registered."""
+
+    NUM_KV_HEADS: int = 4  # key/value heads; NUM_HEADS = grouped-query, 1 = multi-query
+    ROPE_MAX_WAVELENGTH: float = 10000.0  # RoPE base ("theta")
+
+    EMBEDDING_LOOKUP_STYLE = "index"
+    LAYERNORM_EPSILON = 1e-5  # RMSNorm epsilon
+
+    def validate(self) -> None:
+        super().validate()
+        if self.NUM_KV_HEADS < 1 or self.NUM_HEADS % self.NUM_KV_HEADS:
+            raise UserError(f"NUM_HEADS={self.NUM_HEADS} must be a multiple of "
+                            f"NUM_KV_HEADS={self.NUM_KV_HEADS}")
+        tensor_parallel = self.ICI_MESH_SHAPE[2] * self.DCN_MESH_SHAPE[2]
+        if self.NUM_KV_HEADS % tensor_parallel:
+            raise UserError(f"NUM_KV_HEADS={self.NUM_KV_HEADS} does not split over the "
+                            f"{tensor_parallel}-way tensor-parallel mesh axis; use a multiple "
+                            f"of {tensor_parallel}, or less tensor parallelism")
+        if self.CHECKPOINT_POLICY == "save_qkv_out_proj" and self.NUM_KV_HEADS != self.NUM_HEADS:
+            raise UserError("CHECKPOINT_POLICY='save_qkv_out_proj' saves the combined QKV "
+                            "projection, which grouped-query attention does not have; use "
+                            "'save_qkv_out_proj_separate'")
+
+    def model_template(self):
+        from layers import llama
+
+        return llama.llama_model(
+            self.transformer_stack(),
+            model_dims=self.MODEL_DIMS,
+            vocab_size=self.VOCAB_SIZE,
+            num_heads=self.NUM_HEADS,
+            num_kv_heads=self.NUM_KV_HEADS,
+            packed_input=self.PACKED_INPUT,
+            fprop_dtype=self.FPROP_DTYPE,
+            init_std=self.INIT_STD,
+            softmax_init_std=self.SOFTMAX_INIT_STD,
+            norm_epsilon=self.LAYERNORM_EPSILON,
+            rope_max_wavelength=self.ROPE_MAX_WAVELENGTH,
+            embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
+        )
+
+
+class _LlamaOnThePile(LlamaBase):
+    """Training settings shared by the full-size Llama experiments."""
+
+    VOCAB_SIZE = 32000
+    FPROP_DTYPE = "bfloat16"
+    USE_REPEATED_LAYER = True
+    CHECKPOINT_POLICY = "save_dot_with_no_batch_dims"
+    ADAM_BETA1 = 0.9
+    ADAM_BETA2 = 0.95
+    ADAM_EPSILON = 1e-5
+    WEIGHT_DECAY = 0.1
+    CLIP_GRADIENT_NORM_TO_VALUE = 1.0
+    LR_COS_WARMUP = 2000
+    LR_COS_DECAY_START = 2000
+    LR_COS_MIN_RATIO = 0.1
+    ICI_MESH_SHAPE = [1, 8, 1]
+    SUMMARY_INTERVAL_STEPS = 10
+    EVAL_INTERVAL_STEPS = 1000
+    CHECKPOINT_EVERY_N_STEPS = 1000
+    DATASET = "pile"
+    LAMBADA_EVAL = True
+    EVAL_BATCHES = 10
+
+
+@register
+class Llama1B(_LlamaOnThePile):
+    """TinyLlama-1.1B shape: grouped-query attention (32 heads, 4 key/value groups).
+
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Llama1B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama1b
+    """
+
+    NUM_LAYERS = 22
+    MODEL_DIMS = 2048
+    HIDDEN_DIMS = 5632
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 4
+    DIMS_PER_HEAD = 64
+    MAX_SEQ_LEN = 2048
+    PERCORE_BATCH_SIZE = 8
+    LEARNING_RATE = 4e-4
+    LR_COS_DECAY_END = 100000
+    MAX_STEPS = 100000
+
+
+@register
+class Llama7B(_LlamaOnThePile):
+    """Llama 2 7B shape (multi-head attention: NUM_KV_HEADS = NUM_HEADS).
+
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Llama7B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama7b
+    """
+
+    NUM_LAYERS = 32
+    MODEL_DIMS = 4096
+    HIDDEN_DIMS = 11008
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 32
+    DIMS_PER_HEAD = 128
+    MAX_SEQ_LEN = 4096
+    PERCORE_BATCH_SIZE = 1
+    LEARNING_RATE = 3e-4
+    LR_COS_DECAY_END = 500000
+    MAX_STEPS = 500000
+
+
+@register
+class LlamaTiny(LlamaBase):
+    """2 layers x 64 on the built-in sample corpus, 8 fake CPU devices (like Tiny).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.LlamaTiny --job_log_dir=runs/llama-tiny
+    """
+
+    NUM_HEADS = 4
+    NUM_KV_HEADS = 2
+    DATASET = "sample"
+    LAMBADA_EVAL = True
+    VOCAB_SIZE = 1024  # the sample vocabulary's size
+    MAX_SEQ_LEN = 128
+    ICI_MESH_SHAPE = [2, 2, 2]
+    PERCORE_BATCH_SIZE = 2
+    LEARNING_RATE = 3e-3
+    LR_COS_WARMUP = 20
+    LR_COS_DECAY_START = 20
+    LR_COS_DECAY_END = 800
+    MAX_STEPS = 800
+    SUMMARY_INTERVAL_STEPS = 50
+    EVAL_INTERVAL_STEPS = 200
+    CHECKPOINT_EVERY_N_STEPS = 200
