@@ -17,11 +17,28 @@ from runner.trainer import Trainer
 
 def describe(exp, data_dir=None, vocab_path=None) -> str:
     """Effective hyperparameters and the Fiddle graph, as shown by --print_config."""
+    config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path)
     lines = [f"# {type(exp).__module__}.{type(exp).__name__}", "", "## Hyperparameters"]
     lines += [f"{name} = {value!r}" for name, value in exp.hyperparameters().items()]
-    lines += ["", "## Fiddle graph", printing.as_str_flattened(
-        exp.run_config(data_dir=data_dir, vocab_path=vocab_path))]
+    lines += ["", "## Model layers", *_layer_classes(config.model, "model")]
+    lines += ["", "## Fiddle graph", printing.as_str_flattened(config)]
     return "\n".join(lines)
+
+
+# The templates that say what the architecture is (others are ops, inits and shardings).
+_ARCHITECTURE_TEMPLATES = (
+    "lm_tpl", "position_emb_tpl", "separate_embedding_tpl", "softmax_tpl", "final_ln_tpl",
+    "stacked_transformer_tpl", "block", "transformer_layer_params_tpl", "ln_tpl",
+    "tr_atten_tpl", "tr_fflayer_tpl", "activation_tpl")
+
+
+def _layer_classes(config: fdl.Buildable, path: str):
+    """`path = Class` for the model's architecture templates (the flat listing omits classes)."""
+    yield f"{path} = {fdl.get_callable(config).__name__}"
+    for name in _ARCHITECTURE_TEMPLATES:
+        value = config.__arguments__.get(name)
+        if isinstance(value, fdl.Buildable):
+            yield from _layer_classes(value, f"{path}.{name}")
 
 
 def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:

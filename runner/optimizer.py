@@ -16,7 +16,8 @@ def linear_rampup_cosine_decay(
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
-        warmup = jnp.minimum(step / max(warmup_steps, 1), 1.0)
+        # No warmup starts at the peak (as praxis), not at 0.
+        warmup = jnp.minimum(step / warmup_steps, 1.0) if warmup_steps else 1.0
         span = max(decay_end - decay_start, 1)
         progress = jnp.clip((step - decay_start) / span, 0.0, 1.0)
         cosine = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))

@@ -25,17 +25,7 @@ JOB = dict(TINY, ICI_MESH_SHAPE=[1, 8, 1], SUMMARY_INTERVAL_STEPS=1, MAX_STEPS=8
            CHECKPOINT_EVERY_N_STEPS=4)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Every job.run builds a new Trainer, which compiles its step again: a persistent
-    compilation cache turns all but the first compile of each program into a load."""
-    from jax._src import compilation_cache as cache
-
-    previous = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-    yield
-    jax.config.update("jax_compilation_cache_dir", previous)
-    cache.reset_cache()  # later test modules see the cache set up as before
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 def run_job(job_dir, mode="train", experiment=experiments.BaseExperiment, restore_dir=None,

@@ -19,16 +19,96 @@ def test_builtin_experiments_are_registered():
     assert experiments.resolve("experiments.GPT5B") is names["GPT5B"]
 
 
-def test_reference_meshes_and_sizes():
-    gpt126m, gpt5b, gpt175b = (experiments.resolve(f"experiments.{n}")()
-                               for n in ("GPT126M", "GPT5B", "GPT175B"))
-    assert gpt126m.ICI_MESH_SHAPE == [8, 1, 1]
-    assert gpt5b.ICI_MESH_SHAPE == [1, 8, 1] and gpt175b.ICI_MESH_SHAPE == [1, 8, 1]
-    assert (gpt126m.NUM_LAYERS, gpt126m.MODEL_DIMS, gpt126m.NUM_HEADS) == (12, 768, 12)
-    assert (gpt175b.NUM_LAYERS, gpt175b.MODEL_DIMS) == (96, 12288)
-    for exp in (gpt126m, gpt5b, gpt175b):
-        assert exp.ADAM_BETA2 == 0.95 and exp.WEIGHT_DECAY == 0.1
-        assert exp.CLIP_GRADIENT_NORM_TO_VALUE == 1.0 and exp.LAYERNORM_EPSILON == 1e-5
+# Literals from paxml's paxml/contrib/gpu/scripts_gpu/configs.py (GPT126M, GPT5B, GPT175B)
+# and what those classes inherit from paxml's TransformerLmSpmdAdam/Adafactor.
+REFERENCE = {
+    "GPT126M": dict(
+        NUM_LAYERS=12, NUM_HEADS=12, MODEL_DIMS=768, HIDDEN_DIMS=3072, DIMS_PER_HEAD=64,
+        INIT_STD=0.023, SOFTMAX_INIT_STD=0.023, LEARNING_RATE=6e-4, LR_COS_WARMUP=636,
+        LR_COS_DECAY_START=637, LR_COS_DECAY_END=500000, MAX_STEPS=600000,
+        PERCORE_BATCH_SIZE=4, ICI_MESH_SHAPE=[8, 1, 1], USE_REPEATED_LAYER=False,
+        CHECKPOINT_POLICY="none", INPUT_DROPOUT_PROB=0.0, VOCAB_SIZE=50304,
+        SUMMARY_INTERVAL_STEPS=100, EVAL_INTERVAL_STEPS=100, CHECKPOINT_EVERY_N_STEPS=5000,
+        CHECKPOINT_MAX_TO_KEEP=10),
+    "GPT5B": dict(
+        NUM_LAYERS=24, NUM_HEADS=32, MODEL_DIMS=4096, HIDDEN_DIMS=16384, DIMS_PER_HEAD=128,
+        INIT_STD=0.01, SOFTMAX_INIT_STD=0.01, LEARNING_RATE=1.6e-4, LR_COS_WARMUP=115,
+        LR_COS_DECAY_START=116, LR_COS_DECAY_END=62500, MAX_STEPS=75000,
+        PERCORE_BATCH_SIZE=8, ICI_MESH_SHAPE=[1, 8, 1], USE_REPEATED_LAYER=True,
+        CHECKPOINT_POLICY="save_dot_with_no_batch_dims", INPUT_DROPOUT_PROB=0.1,
+        VOCAB_SIZE=50304, SUMMARY_INTERVAL_STEPS=10, EVAL_INTERVAL_STEPS=100,
+        CHECKPOINT_EVERY_N_STEPS=250, CHECKPOINT_MAX_TO_KEEP=10),
+    "GPT175B": dict(
+        NUM_LAYERS=96, NUM_HEADS=96, MODEL_DIMS=12288, HIDDEN_DIMS=49152, DIMS_PER_HEAD=128,
+        INIT_STD=0.023, SOFTMAX_INIT_STD=0.023, LEARNING_RATE=2e-5, LR_COS_WARMUP=265,
+        LR_COS_DECAY_START=266, LR_COS_DECAY_END=108600, MAX_STEPS=75000,
+        PERCORE_BATCH_SIZE=6, ICI_MESH_SHAPE=[1, 8, 1], USE_REPEATED_LAYER=True,
+        CHECKPOINT_POLICY="save_nothing", INPUT_DROPOUT_PROB=0.0, VOCAB_SIZE=50257,
+        SUMMARY_INTERVAL_STEPS=10, EVAL_INTERVAL_STEPS=100, CHECKPOINT_EVERY_N_STEPS=100,
+        CHECKPOINT_MAX_TO_KEEP=10),
+}
+# Shared by all three.
+REFERENCE_GPT = dict(
+    MAX_SEQ_LEN=2048, PACKED_INPUT=True, FPROP_DTYPE="bfloat16", LAYERNORM_EPSILON=1e-5,
+    ADAM_BETA1=0.9, ADAM_BETA2=0.95, ADAM_EPSILON=1e-8, WEIGHT_DECAY=0.1,
+    CLIP_GRADIENT_NORM_TO_VALUE=1.0, LR_COS_MIN_RATIO=0.1, DROPOUT_PROB=0.0,
+    EMBEDDING_LOOKUP_STYLE="matmul")
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_gpt_hyperparameters_are_the_reference_values(name):
+    exp = experiments.resolve(f"experiments.{name}")()
+    for key, value in {**REFERENCE_GPT, **REFERENCE[name]}.items():
+        assert getattr(exp, key) == value, f"{name}.{key}"
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_gpt_model_graph_is_the_reference_model(name):
+    """What configure_gpt3_task and GPT126M.task() set, read from the built Fiddle graph."""
+    from praxis.layers import activations, attentions, embedding_softmax, normalizations
+
+    from layers.stack import transformer_layer_template
+
+    exp = experiments.resolve(f"experiments.{name}")()
+    model = exp.run_config().model
+    ref = REFERENCE[name]
+    assert model.params_init.method == "gaussian" and model.params_init.scale == ref["INIT_STD"]
+    assert model.apply_eval_sample_weights is True
+    lm = model.lm_tpl
+    softmax = lm.softmax_tpl
+    assert softmax.cls is embedding_softmax.SharedEmbeddingSoftmax  # tied
+    assert softmax.params_init.scale == ref["SOFTMAX_INIT_STD"]
+    assert softmax.scale_sqrt_depth is False and softmax.soft_cap_logits is None
+    assert softmax.feed_forward_tpl.has_bias is False
+    assert softmax.lookup_style == "matmul" and lm.position_emb_tpl.lookup_style == "matmul"
+    assert lm.position_emb_tpl.cls is embedding_softmax.TrainablePositionalEmbedding
+    assert lm.position_emb_tpl.max_seq_length == 2048
+    layer = transformer_layer_template(lm.stacked_transformer_tpl)
+    for ln in (lm.final_ln_tpl, layer.ln_tpl, layer.tr_fflayer_tpl.ln_tpl):
+        assert ln.cls is normalizations.LayerNorm
+        assert ln.epsilon == 1e-5 and ln.reductions_in_fp32 is True
+    attention = layer.tr_atten_tpl
+    assert attention.cls is attentions.DotProductAttention
+    assert attention.use_bias is True and attention.internal_enable_per_dim_scale is False
+    assert attention.combine_qkv is True and attention.atten_logit_cap <= 0
+    assert attention.weight_split_dims_mapping.proj == ["data", "mdl", None]
+    ffn = layer.tr_fflayer_tpl
+    assert ffn.activation_tpl.cls is activations.GELU and ffn.activation_tpl.approximate is True
+    assert ffn.has_bias is True and ffn.use_gated_activation is False
+    assert layer.norm_policy == "pre"
+
+
+def test_print_config_shows_the_reference_values(capsys):
+    from runner.job import describe
+
+    text = describe(experiments.resolve("experiments.GPT126M")())
+    for line in ("INIT_STD = 0.023", "SOFTMAX_INIT_STD = 0.023", "LR_COS_WARMUP = 636",
+                 "LR_COS_DECAY_START = 637", "LR_COS_DECAY_END = 500000",
+                 "CHECKPOINT_POLICY = 'none'"):
+        assert line in text, line
+    assert "model.lm_tpl.softmax_tpl = SharedEmbeddingSoftmax" in text
+    assert "reductions_in_fp32: bool = True" in text
+    assert "scale_sqrt_depth: bool = False" in text and "combine_qkv: bool = True" in text
 
 
 def test_every_experiment_documents_its_command():
