@@ -15,7 +15,9 @@ import types
 import typing
 
 import fiddle as fdl
-from praxis import pax_fiddle
+
+if typing.TYPE_CHECKING:
+    from praxis import pax_fiddle
 
 from runner.errors import UserError, near_matches
 
@@ -184,7 +186,7 @@ class BaseExperiment:
 
     # --- The model seam -------------------------------------------------------------
 
-    def model_template(self) -> pax_fiddle.Config:
+    def model_template(self) -> "pax_fiddle.Config":
         """The model: an unsharded praxis LanguageModel config (here, the Pax GPU GPT).
 
         Override it to build another family (experiments/llama.py), or call super()
@@ -206,7 +208,7 @@ class BaseExperiment:
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
         )
 
-    def transformer_stack(self) -> pax_fiddle.Config:
+    def transformer_stack(self) -> "pax_fiddle.Config":
         """The stack of decoder layers with praxis's default layers (layers/stack.py)."""
         from layers import stack
 

@@ -101,13 +101,22 @@ def test_checkpoint_from_two_processes_restores_in_one_and_back(tmp_path, one_pr
     step, state = checkpoints.load_numpy(str(tmp_path / "C" / "checkpoints"))
     assert step == TOTAL_STEPS and int(state["step"]) == TOTAL_STEPS
     saved = dict(jax.tree_util.tree_flatten_with_path(state["params"])[0])
-    # An absolute bound: the attention key bias has a zero gradient in exact arithmetic
-    # (softmax ignores a constant per query), so its values are float noise (~1e-6)
-    # that no relative tolerance fits. 1e-5 is far below one Adam step (3e-3 here),
-    # so a lost moment, step or batch would show.
-    diffs = {jax.tree_util.keystr(path): float(np.max(np.abs(saved[path] - want)))
-             for path, want in jax.tree_util.tree_flatten_with_path(one_process_params)[0]}
+
+    # The attention key bias (row 1 of combined_qkv/b [3, N, H]) apart from the rest: its
+    # gradient is zero in exact arithmetic (softmax ignores a constant per query), so its
+    # values are float noise that Adam's normalisation amplifies, different for each
+    # reduction order.
+    diffs, key_bias_diff = {}, 0.0
+    for path, want in jax.tree_util.tree_flatten_with_path(one_process_params)[0]:
+        name, diff = jax.tree_util.keystr(path), np.abs(saved[path] - want)
+        if name.endswith("['combined_qkv']['b']"):
+            key_bias_diff = max(key_bias_diff, float(diff[1].max()))
+            diff = diff[[0, 2]]
+        diffs[name] = float(diff.max())
     worst = max(diffs, key=diffs.get)
     print(f"C's step-{step} parameters vs the uninterrupted run: max abs diff "
-          f"{diffs[worst]:.2e} ({worst})")
+          f"{diffs[worst]:.2e} ({worst}); key biases (float noise) {key_bias_diff:.2e}")
+    # An absolute bound: 1e-5 is far below one Adam step (3e-3 here), so a lost moment,
+    # step or batch would show. The key biases' noise stays far below one step too.
     assert diffs[worst] < 1e-5, sorted(diffs.items(), key=lambda kv: -kv[1])[:5]
+    assert key_bias_diff < 1e-4
