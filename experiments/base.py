@@ -43,6 +43,8 @@ CHOICES = {
         "save_transformer_layer_output",
     ),
     "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
+    # layers/attention.py
+    "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
     "DATASET": ("pile", "sample", "synthetic", "none"),
 }
 
@@ -66,6 +68,7 @@ class BaseExperiment:
     LAYERNORM_EPSILON: float = 1e-5  # epsilon of every norm (LayerNorm; RMSNorm in Llama)
     PACKED_INPUT: bool = True  # segment ids keep attention inside documents
     EMBEDDING_LOOKUP_STYLE: str = "matmul"  # one-hot "matmul" (as Pax) or gather "index"
+    ATTENTION_IMPL: str = "praxis"  # praxis | xla | cudnn | pallas | auto (layers/attention.py)
     # Dropout, praxis StackedTransformer's names; None = DROPOUT_PROB.
     DROPOUT_PROB: float = 0.0
     INPUT_DROPOUT_PROB: float = 0.0  # on the stack's input (embeddings)

@@ -5,7 +5,10 @@ writes it to job_log_dir and `--print_config` shows it.
 """
 
 import fiddle as fdl
+import jax
 
+from layers import attention
+from layers.stack import transformer_layer_template
 from runner import optimizer, partitioning, spec
 from runner.errors import UserError
 from tasks import datasets, evaluations, synthetic
@@ -15,7 +18,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
                       dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; sharding for the mesh comes last, once.
-    model = partitioning.shard_model(exp.model_template(), spec.mesh_size(mesh))
+    model = partitioning.shard_model(_with_attention_impl(exp, exp.model_template()),
+                                     spec.mesh_size(mesh))
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
         learning_rate=exp.LEARNING_RATE,
@@ -58,6 +62,21 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         make_train_input=train_input,
         evals=evals,
     )
+
+
+def _with_attention_impl(exp, model):
+    """The template with ATTENTION_IMPL's attention (layers/attention.py), decided here,
+    before tracing, because it depends on the platform the run will trace for."""
+    platform = jax.default_backend()
+    dropout = exp.DROPOUT_PROB if exp.ATTEN_DROPOUT_PROB is None else exp.ATTEN_DROPOUT_PROB
+    try:
+        impl = attention.resolve(exp.ATTENTION_IMPL, packed_input=exp.PACKED_INPUT,
+                                 platform=platform, atten_dropout_prob=dropout)
+        layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
+        attention.use_attention_impl(layer, impl, platform=platform)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return model
 
 
 def _datasets(exp, data_dir, vocab_path):
