@@ -16,11 +16,9 @@ import ast
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow only writes event files
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from runner.errors import UserError  # noqa: E402
+from runner.errors import UserError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")

@@ -4,33 +4,47 @@ Only process 0 writes, so a multi-process job has one console stream and one
 set of event files under job_log_dir/tb/{train,eval}.
 """
 
-import os
+import time
 
 import jax
+import numpy as np
 
 
 class SummaryWriter:
-    """Scalars to TensorBoard event files (via tf.summary) on process 0; a no-op elsewhere."""
+    """Scalars to TensorBoard event files on process 0; a no-op elsewhere.
+
+    Written with the `tensorboard` package's own event writer and protos, as
+    tf.summary.scalar would write them (a float32 tensor with the scalars plugin's
+    metadata), so TensorFlow is never imported: GPU machines often lack it, and it
+    must never take a GPU from JAX.
+    """
 
     def __init__(self, logdir: str):
         self._writer = None
         self.logdir = logdir
         if jax.process_index() != 0:
             return
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        import tensorflow as tf  # imported here: TF is only an event-file writer
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        # TensorFlow must never take a GPU from JAX.
-        tf.config.set_visible_devices([], "GPU")
-        self._tf = tf
-        self._writer = tf.summary.create_file_writer(logdir)
+        self._writer = EventFileWriter(logdir)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self._writer is None:
             return
-        with self._writer.as_default(step=step):
-            for name, value in values.items():
-                self._tf.summary.scalar(name, value)
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.scalar import metadata
+        from tensorboard.util import tensor_util
+
+        summary = summary_pb2.Summary(value=[
+            summary_pb2.Summary.Value(
+                tag=name,
+                tensor=tensor_util.make_tensor_proto(np.float32(value)),
+                metadata=metadata.create_summary_metadata(display_name=name, description=""),
+            )
+            for name, value in values.items()
+        ])
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                               summary=summary))
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -9,8 +9,6 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Keep TensorFlow (used only for TensorBoard event files) quiet and off any GPU.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:

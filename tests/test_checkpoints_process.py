@@ -87,15 +87,16 @@ def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
 
 def tensorboard_losses(job_dir: Path) -> dict[int, float]:
     """step -> float32 loss from every event file under tb/train; later runs' files win."""
-    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
 
     losses = {}
     for path in sorted((job_dir / "tb" / "train").glob("events.out.tfevents.*"),
                        key=os.path.getmtime):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
                 if value.tag == "loss":
-                    losses[event.step] = float(tf.make_ndarray(value.tensor))
+                    losses[event.step] = float(tensor_util.make_ndarray(value.tensor))
     return losses
 
 
