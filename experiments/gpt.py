@@ -128,6 +128,34 @@ class GPT175B(_GPT):
 
 
 @register
+class GPT1_3B(_GPT):
+    """A 1.3B GPT for one-GPU speed work: GPT-3 XL's depth, width and learning rate
+    (Brown et al. 2020, table 2.1: 24 layers, d_model 2048, 2e-4), with 16 heads of 128
+    so the heads span d_model, as MosaicML's MPT-1B (llm-foundry) and Megatron-LM's 1.3B
+    configs do. Not a Pax GPU config: its other settings are GPT126M's.
+
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.GPT1_3B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/gpt1_3b
+    """
+
+    NUM_LAYERS = 24
+    NUM_HEADS = 16
+    MODEL_DIMS = 2048
+    HIDDEN_DIMS = 8192
+    DIMS_PER_HEAD = 128
+    INIT_STD = 0.02
+    SOFTMAX_INIT_STD = 0.02
+    ICI_MESH_SHAPE = [1, 8, 1]
+    PERCORE_BATCH_SIZE = 4
+    LEARNING_RATE = 2e-4
+    # GPT-3's schedule in steps of its 1M-token batch (512 x 2048; set PERCORE_BATCH_SIZE
+    # to match): warmup over 375M tokens, cosine decay over 260B, 300B tokens in all.
+    LR_COS_WARMUP = 358
+    LR_COS_DECAY_START = 359
+    LR_COS_DECAY_END = 247955
+    MAX_STEPS = 286102
+
+
+@register
 class Pile126M(GPT126M):
     """The reference's name for GPT126M on The Pile (paxml scripts_gpu configs.Pile126M).
 
