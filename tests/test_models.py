@@ -259,3 +259,42 @@ def test_a_checkpoint_of_the_old_layout_is_refused_naming_the_parameter(tmp_path
     message = str(refused.value)
     assert "\n" not in message
     assert "has no parameter lm/transformer/x_layers_0/self_attention/combined_qkv/b" in message
+
+
+# ----- the evaluation seam ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorstTokenEval(Evaluation):
+    """A user's evaluation: the lowest per-token log-likelihood of the set."""
+
+    def batch_outputs(self, predictions, batch):
+        logprob = -predictions.per_example_xent.astype(jnp.float32)  # [B, T]
+        return {"worst": jnp.min(jnp.where(batch["weights"] > 0, logprob, 0.0), axis=1)}
+
+    def metrics(self, outputs):
+        return {"worst_token_logprob": float(outputs["worst"].min())}
+
+
+class WithOwnEvaluation(BaseExperiment):
+    def run_config(self, data_dir=None, vocab_path=None):
+        import fiddle as fdl
+
+        from tasks import synthetic
+
+        config = super().run_config(data_dir=data_dir, vocab_path=vocab_path)
+        config.evals.append(fdl.Config(
+            WorstTokenEval, name="worst_token",
+            make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=self.MAX_SEQ_LEN,
+                                   vocab_size=self.VOCAB_SIZE, seed=7, num_batches=2)))
+        return config
+
+
+def test_an_evaluation_added_by_an_experiment_runs_beside_the_builtin_one(tmp_path):
+    trainer = make_trainer(tmp_path, experiment=WithOwnEvaluation, ICI_MESH_SHAPE=[2, 2, 2],
+                           EVAL_BATCHES=1)
+    results = trainer.evaluate(trainer.init_state()["params"], step=0)
+    assert set(results) == {"synthetic_eval", "worst_token"}
+    # Untrained: no token is much likelier than uniform over 512 (log 1/512 = -6.24).
+    assert -9.0 < results["worst_token"]["worst_token_logprob"] < -6.0
+    assert results["synthetic_eval"]["loss"] > 6.0
