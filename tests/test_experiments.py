@@ -176,6 +176,9 @@ def test_override_without_value_is_an_error():
     ("ICI_MESH_SHAPE", [8, 1], r"must be three positive sizes"),
     ("NUM_LAYERS", 0, r"NUM_LAYERS=0 must be positive"),
     ("LR_COS_WARMUP", 500, r"LR_COS_WARMUP \(500\) <= LR_COS_DECAY_START"),
+    ("ATTEN_DROPOUT_PROB", "high", r"ATTEN_DROPOUT_PROB is float or None \(e.g. 0.5\)"),
+    ("DROPOUT_PROB", 1.5, r"DROPOUT_PROB=1.5 must be a probability in \[0, 1\)"),
+    ("ATTENTION_IMPL", "flash", r"not one of praxis, xla, cudnn, pallas, auto"),
 ])
 def test_bad_overrides_give_one_line_errors(name, value, message):
     with pytest.raises(UserError, match=message) as info:
@@ -186,6 +189,15 @@ def test_bad_overrides_give_one_line_errors(name, value, message):
 def test_an_int_is_a_fine_float():
     exp = BaseExperiment(LEARNING_RATE=1)
     assert exp.LEARNING_RATE == 1.0 and isinstance(exp.LEARNING_RATE, float)
+
+
+def test_optional_hyperparameters_take_none_or_their_type():
+    declared = BaseExperiment.hyperparameter_types()
+    values = parse_override_values({"ATTEN_DROPOUT_PROB": "None", "RELU_DROPOUT_PROB": "0"},
+                                   declared)
+    exp = BaseExperiment(**values)
+    assert exp.ATTEN_DROPOUT_PROB is None
+    assert exp.RELU_DROPOUT_PROB == 0.0 and isinstance(exp.RELU_DROPOUT_PROB, float)
 
 
 def test_checkpoint_policy_choices_are_praxis_names():
