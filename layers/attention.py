@@ -67,14 +67,14 @@ class FusedDotProductAttention(attentions.DotProductAttention):
     def _pallas(self, query, key, value, segment_ids):
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
-        seq_len = query.shape[1]
-        block = min(128, seq_len)
+        # jax's default blocks (128 forward, 32 backward), shrunk for short test sequences.
+        block, backward_block = min(128, query.shape[1]), min(32, query.shape[1])
         kernel = functools.partial(
             pallas_attention.mha, sm_scale=1.0, causal=True, interpret=self.pallas_interpret,
             block_sizes=pallas_attention.BlockSizes(
-                block_q=block, block_k=block, block_q_dkv=min(32, seq_len),
-                block_kv_dkv=min(32, seq_len), block_q_dq=min(32, seq_len),
-                block_kv_dq=min(32, seq_len)))
+                block_q=block, block_k=block, block_q_dkv=backward_block,
+                block_kv_dkv=backward_block, block_q_dq=backward_block,
+                block_kv_dq=backward_block))
         blnh = self.activation_split_dims_mapping.blnh
         if not self.mesh_axis_names or blnh is None:
             return kernel(query, key, value, segment_ids)
