@@ -224,7 +224,7 @@ class Tiny(BaseExperiment):
     LR_COS_WARMUP = 20
     LR_COS_DECAY_START = 20
     LR_COS_DECAY_END = 800
-    MAX_STEPS = 800  # about 3 minutes on 2 CPU cores
+    MAX_STEPS = 800  # under 2 minutes on 2 CPU cores
     SUMMARY_INTERVAL_STEPS = 50
     EVAL_INTERVAL_STEPS = 200
     CHECKPOINT_EVERY_N_STEPS = 200
