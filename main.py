@@ -16,11 +16,13 @@ import ast
 import os
 import sys
 
-from absl import flags
+from absl import app, flags
+from absl import logging as _absl_logging  # noqa: F401  (defines --alsologtostderr, --v, ...)
 
 from runner.errors import UserError
 
 FLAGS = flags.FLAGS
+app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
 flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")
 flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, TensorBoard "
                     "events and checkpoints.")
@@ -98,6 +100,7 @@ def start_distributed() -> None:
 
 def main(argv: list[str]) -> int:
     rest, raw_overrides = split_overrides(argv)
+    rest = ["--help" if arg == "-h" else arg for arg in rest]  # absl's own short form is -?
     try:
         positional = FLAGS(rest)
     except flags.Error as error:

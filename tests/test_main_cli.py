@@ -60,6 +60,20 @@ def test_list_experiments_and_print_config():
     assert "model.lm_tpl.stacked_transformer_tpl" in shown.stdout  # the Fiddle graph
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
+def test_help_prints_usage(flag):
+    out = run_main(flag)
+    assert out.returncode == 1, out.stderr  # absl's convention for --help
+    assert "python main.py --fdl_config=experiments.GPT126M" in out.stdout
+    assert "--job_log_dir" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_absl_logging_flags_of_the_pax_scripts_are_accepted():
+    out = run_main("--alsologtostderr", "--fdl_config=experiments.Tiny", "--print_config")
+    assert out.returncode == 0, out.stderr
+    assert "## Hyperparameters" in out.stdout
+
+
 def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
