@@ -11,6 +11,7 @@ model, optimizer with its schedule, input, evaluations, mesh and loop settings.
 It reads the experiment and never mutates it.
 """
 
+import math
 import types
 import typing
 
@@ -175,6 +176,12 @@ class BaseExperiment:
                     f"{name}={shape} must be three positive sizes [data, fsdp, tensor], "
                     f"e.g. [8,1,1] for pure data parallelism on 8 devices"
                 )
+        if not (math.isfinite(self.LEARNING_RATE) and self.LEARNING_RATE > 0):
+            raise UserError(f"LEARNING_RATE={self.LEARNING_RATE} must be a positive number, "
+                            f"e.g. 6e-4")
+        if self.CHECKPOINT_MAX_TO_KEEP < 0 or self.CHECKPOINT_EVERY_N_STEPS < 0:
+            raise UserError("CHECKPOINT_MAX_TO_KEEP and CHECKPOINT_EVERY_N_STEPS must be >= 0 "
+                            "(0 keeps every checkpoint / saves only at the end)")
         if not self.LR_COS_WARMUP <= self.LR_COS_DECAY_START <= self.LR_COS_DECAY_END:
             raise UserError(
                 f"learning-rate schedule needs LR_COS_WARMUP ({self.LR_COS_WARMUP}) <= "

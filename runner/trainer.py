@@ -127,7 +127,11 @@ class Trainer:
             "params": optax.apply_updates(state["params"], updates),
             "opt_state": opt_state,
         }
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # The new parameters too: a finite gradient can still make a non-finite update
+        # (a learning rate that overflows float32, Adam with epsilon 0 on a zero gradient).
+        params_finite = jnp.all(jnp.stack([
+            jnp.all(jnp.isfinite(p)) for p in jax.tree_util.tree_leaves(new_state["params"])]))
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & params_finite
         if self.run.loop.skip_nonfinite_steps:
             # Keep the old parameters and moments; only the step counter moves on.
             kept = jax.tree_util.tree_map(
@@ -268,7 +272,8 @@ class Trainer:
         if flags.any():
             bad = step - len(pending) + 1 + int(np.argmax(flags))
             raise NonFiniteLossError(
-                f"loss or gradient norm is NaN/Inf at step {bad}; stopping without saving "
+                f"loss, gradient norm or parameters became NaN/Inf at step {bad}; stopping "
+                f"without saving "
                 f"(the last good checkpoint is kept). Lower LEARNING_RATE, or set "
                 f"SKIP_NONFINITE_STEPS=True to skip such steps"
             )

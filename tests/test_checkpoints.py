@@ -300,6 +300,15 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monke
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(state))
 
 
+def test_a_finite_step_with_a_non_finite_update_is_never_saved(tmp_path):
+    # 1e39 overflows float32: the first update makes every weight infinite while the loss
+    # and gradient norm of that step are still finite.
+    with pytest.raises(NonFiniteLossError, match="parameters became NaN/Inf at step 1"):
+        run_job(tmp_path, LEARNING_RATE=1e39, LR_COS_WARMUP=0, LR_COS_DECAY_START=0,
+                CHECKPOINT_EVERY_N_STEPS=1, SUMMARY_INTERVAL_STEPS=100)
+    assert checkpoints.latest_step(ckpt_dir(tmp_path)) is None
+
+
 def test_skip_nonfinite_steps_skips_the_step_and_goes_on(tmp_path, monkeypatch, capsys):
     hook_input(monkeypatch, at=4, hook=nan_weights)  # step 5
     run_job(tmp_path, SKIP_NONFINITE_STEPS=True, MAX_STEPS=6, CHECKPOINT_EVERY_N_STEPS=1,

@@ -161,8 +161,9 @@ def test_nonfinite_loss_exits_3_with_one_line_and_keeps_good_checkpoints(tmp_pat
     assert code == 3, f"{out[-2000:]}\n{err[-2000:]}"
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]
-    bad = int(re.fullmatch(r"error: loss or gradient norm is NaN/Inf at step (\d+); .*", line)
-              .group(1))
+    bad = int(re.fullmatch(
+        r"error: loss, gradient norm or parameters became NaN/Inf at step (\d+); .*", line
+    ).group(1))
     step, state = checkpoints.load_numpy(str(tmp_path / "checkpoints"))
     assert step == bad - 1
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(state["params"]))

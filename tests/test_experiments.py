@@ -179,6 +179,9 @@ def test_override_without_value_is_an_error():
     ("ATTEN_DROPOUT_PROB", "high", r"ATTEN_DROPOUT_PROB is float or None \(e.g. 0.5\)"),
     ("DROPOUT_PROB", 1.5, r"DROPOUT_PROB=1.5 must be a probability in \[0, 1\)"),
     ("ATTENTION_IMPL", "flash", r"not one of praxis, xla, cudnn, pallas, auto"),
+    ("LEARNING_RATE", float("inf"), r"LEARNING_RATE=inf must be a positive number"),
+    ("LEARNING_RATE", 0, r"LEARNING_RATE=0.0 must be a positive number"),
+    ("CHECKPOINT_MAX_TO_KEEP", -1, r"CHECKPOINT_MAX_TO_KEEP and CHECKPOINT_EVERY_N_STEPS must"),
 ])
 def test_bad_overrides_give_one_line_errors(name, value, message):
     with pytest.raises(UserError, match=message) as info:
