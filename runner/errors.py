@@ -9,7 +9,8 @@ class UserError(Exception):
 
 def near_matches(name: str, candidates) -> str:
     """A ' (did you mean X?)' suffix naming the closest candidates, or ''."""
-    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    by_lower = {str(c).lower(): str(c) for c in candidates}  # learning_rate -> LEARNING_RATE
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
     if not close:
         return ""
-    return " (did you mean " + " or ".join(close) + "?)"
+    return " (did you mean " + " or ".join(by_lower[c] for c in close) + "?)"

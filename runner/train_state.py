@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from praxis import base_layer, py_utils
 
+from runner.errors import UserError
 from runner.mesh import mesh_shape
 
 
@@ -67,6 +68,26 @@ def replicated_matrices(param_specs, abstract_params) -> list[str]:
         if keys[-1] in ("w", "emb_var") and all(axis is None for axis in flat_specs[path]):
             names.append("/".join(keys))
     return names
+
+
+def check_divisible(param_specs, abstract_params, mesh: Mesh) -> None:
+    """UserError naming the first parameter a dimension of which does not split evenly over
+    the mesh axes its annotation names (JAX would fail later with a long error)."""
+    flat_specs = dict(jax.tree_util.tree_flatten_with_path(
+        param_specs, is_leaf=lambda x: isinstance(x, P))[0])
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        for dim, (size, axes) in enumerate(zip(leaf.shape, flat_specs[path], strict=False)):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            ways = 1
+            for axis in axes:
+                ways *= mesh.shape[axis]
+            if size % ways:
+                name = "/".join(str(getattr(k, "key", k)) for k in path)
+                raise UserError(
+                    f"parameter {name} {tuple(leaf.shape)}: dimension {dim} ({size}) does not "
+                    f"split over mesh axes {'x'.join(axes)} ({ways} devices); make the model "
+                    f"sizes (VOCAB_SIZE, NUM_HEADS, MODEL_DIMS, HIDDEN_DIMS, MAX_SEQ_LEN) "
+                    f"multiples of the mesh's data and tensor sizes, or change ICI_MESH_SHAPE")
 
 
 def state_shardings(tx: optax.GradientTransformation, param_specs, abstract_params, mesh: Mesh):

@@ -21,6 +21,7 @@ from runner.spec import RunSpec
 from runner.summaries import SummaryWriter, format_duration, log
 from runner.train_state import (
     as_model_batch,
+    check_divisible,
     make_init_fn,
     param_partition_specs,
     praxis_context,
@@ -63,6 +64,7 @@ class Trainer:
             param_specs = param_partition_specs(self.model, example, mesh)
         init_fn = make_init_fn(self.model, self.tx, self.batch_shapes)
         abstract_state = jax.eval_shape(init_fn, jax.random.key(0))
+        check_divisible(param_specs, abstract_state["params"], mesh)
         if mesh.shape["data"] * mesh.shape["mdl"] > 1:
             unsharded = replicated_matrices(param_specs, abstract_state["params"])
             if unsharded:

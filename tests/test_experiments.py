@@ -169,6 +169,7 @@ def test_override_without_value_is_an_error():
 
 @pytest.mark.parametrize("name,value,message", [
     ("NUM_LAYRES", 2, r"no hyperparameter NUM_LAYRES \(did you mean NUM_LAYERS"),
+    ("learning_rate", 0.1, r"no hyperparameter learning_rate \(did you mean LEARNING_RATE\?"),
     ("NUM_LAYERS", 2.5, r"--fdl.NUM_LAYERS=2.5 has type float, but NUM_LAYERS is int"),
     ("NUM_LAYERS", True, r"has type bool, but NUM_LAYERS is int"),
     ("ICI_MESH_SHAPE", [1, "8", 1], r"ICI_MESH_SHAPE is list\[int\]"),

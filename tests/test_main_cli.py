@@ -38,6 +38,12 @@ def run_main(*args, timeout=300, without_tensorflow=False):
     (["--fdl_config=experiments.Tiny", "--fdl.NUM_LAYERS=2.5"], "NUM_LAYERS is int"),
     (["--fdl_config=experiments.Tiny", "--no_such_flag=1"], "no_such_flag"),
     (["--fdl_config=experiments.Tiny"], "--job_log_dir is required"),
+    (["--fdl_config=experiments.Synthetic126M", *TINY_FLAGS, "--fdl.VOCAB_SIZE=1026",
+      "--fdl.ICI_MESH_SHAPE=[1,2,4]", "--job_log_dir=/tmp/paxloom-test-unused"],
+     "logits_ffn/linear/w (64, 1026): dimension 1 (1026) does not split over mesh axes mdl"),
+    (["--fdl_config=experiments.Synthetic126M", *TINY_FLAGS, "--fdl.NUM_HEADS=6",
+      "--fdl.ICI_MESH_SHAPE=[1,2,4]", "--job_log_dir=/tmp/paxloom-test-unused"],
+     "combined_qkv/b (3, 6, 16): dimension 1 (6) does not split over mesh axes mdl (4 devices)"),
 ])
 def test_user_errors_exit_2_with_one_line(args, message):
     out = run_main(*args)
