@@ -119,11 +119,15 @@ def main(argv: list[str]) -> int:
         raise UserError("--fdl_config is required (e.g. --fdl_config=experiments.Tiny; "
                         "--list_experiments lists them)")
     cls = experiments.resolve(FLAGS.fdl_config)
+    if FLAGS.fdl_config.startswith(experiments.registry.PAX_GPU_CONFIGS + "."):
+        print(f"note: --fdl_config={FLAGS.fdl_config} runs Paxloom's "
+              f"experiments.{cls.__name__}", file=sys.stderr)
     exp = cls(**parse_override_values(raw_overrides, cls.hyperparameter_types()))
 
     from runner import job
 
-    data_dir = FLAGS.data_dir or FLAGS.tfds_data_dir
+    # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
+    data_dir = FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR")
     vocab_path = FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
     if FLAGS.print_config:
         print(job.describe(exp, data_dir, vocab_path))

@@ -5,6 +5,9 @@ import importlib
 from runner.errors import UserError, near_matches
 
 _REGISTRY: dict[str, type] = {}
+# The module of the Pax GPU experiments (configs.py beside paxml's GPU scripts): its
+# experiment names are Paxloom's, so `--fdl_config=paxml...configs.GPT126M` just works.
+PAX_GPU_CONFIGS = "paxml.contrib.gpu.scripts_gpu.configs"
 
 
 def register(cls: type) -> type:
@@ -26,6 +29,8 @@ def resolve(fdl_config: str) -> type:
     from experiments.base import BaseExperiment
 
     module_name, _, class_name = fdl_config.rpartition(".")
+    if module_name == PAX_GPU_CONFIGS:  # the real Pax scripts' names run as they are
+        module_name = "experiments"
     if not module_name or not class_name:
         raise UserError(f"--fdl_config={fdl_config!r}: expected experiments.NAME or "
                         f"my_module.MyExperiment")
@@ -40,6 +45,12 @@ def resolve(fdl_config: str) -> type:
     except ModuleNotFoundError as error:
         raise UserError(f"--fdl_config={fdl_config}: cannot import {module_name} ({error}); "
                         f"is it on PYTHONPATH?") from None
+    except UserError:
+        raise
+    except Exception as error:  # the user's module itself is broken: say where, in one line
+        detail = " ".join(str(error).split())
+        raise UserError(f"--fdl_config={fdl_config}: importing {module_name} failed: "
+                        f"{type(error).__name__}: {detail}") from None
     cls = getattr(module, class_name, None)
     if cls is None:
         names = [n for n, v in vars(module).items() if isinstance(v, type)]

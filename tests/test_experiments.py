@@ -231,6 +231,27 @@ def test_user_subclass_in_own_module(tmp_path, monkeypatch):
         sys.modules.pop("my_exps", None)
 
 
+@pytest.mark.parametrize("source,message", [
+    ("raise RuntimeError('no GPU quota')\n",
+     r"importing broken_exps failed: RuntimeError: no GPU quota$"),
+    ("class A(:\n    pass\n", r"importing broken_exps failed: SyntaxError: .*broken_exps.py, line 1"),
+])
+def test_a_broken_experiment_module_is_one_line(source, message, tmp_path, monkeypatch):
+    (tmp_path / "broken_exps.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(UserError, match=message) as info:
+            experiments.resolve("broken_exps.MyGPT")
+        assert "\n" not in str(info.value)
+    finally:
+        sys.modules.pop("broken_exps", None)
+
+
+def test_the_pax_gpu_configs_module_names_resolve_to_the_same_experiments():
+    assert experiments.resolve("paxml.contrib.gpu.scripts_gpu.configs.Pile126M") is (
+        experiments.resolve("experiments.Pile126M"))
+
+
 def test_run_config_is_a_fiddle_graph_that_builds():
     from praxis import pax_fiddle
 

@@ -74,10 +74,13 @@ def test_help_prints_usage(flag):
     assert "--job_log_dir" in out.stdout and "Traceback" not in out.stderr
 
 
-def test_absl_logging_flags_of_the_pax_scripts_are_accepted():
-    out = run_main("--alsologtostderr", "--fdl_config=experiments.Tiny", "--print_config")
+def test_absl_logging_flags_and_pax_config_names_of_the_pax_scripts_are_accepted():
+    out = run_main("--alsologtostderr", "--fdl_config=paxml.contrib.gpu.scripts_gpu.configs.GPT5B",
+                   "--print_config")
     assert out.returncode == 0, out.stderr
-    assert "## Hyperparameters" in out.stdout
+    assert out.stdout.startswith("# experiments.gpt.GPT5B\n")
+    assert ("note: --fdl_config=paxml.contrib.gpu.scripts_gpu.configs.GPT5B runs Paxloom's "
+            "experiments.GPT5B") in out.stderr
 
 
 def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
