@@ -57,6 +57,27 @@ def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:
         f.write(serialization.dump_json(config, indent=2))
 
 
+def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int | None) -> None:
+    """Write the run's config (write_config); a resume keeps the run's first record, so it
+    still describes the checkpoints, and appends any changed hyperparameters, with the step
+    they start at, to hyperparameters_history.jsonl."""
+    path = os.path.join(job_log_dir, "hyperparameters.json")
+    if resumed_step is None or not os.path.exists(path):
+        write_config(job_log_dir, exp, config)
+        return
+    with open(path) as f:
+        recorded = json.load(f)["hyperparameters"]
+    current = json.loads(json.dumps(exp.hyperparameters()))  # as the record holds them
+    changed = {name: [recorded.get(name), value] for name, value in current.items()
+               if recorded.get(name) != value}
+    if changed:
+        with open(os.path.join(job_log_dir, "hyperparameters_history.jsonl"), "a") as f:
+            f.write(json.dumps({"step": resumed_step, "changed": changed}) + "\n")
+        log(f"resuming at step {resumed_step} with changed hyperparameters (appended to "
+            f"hyperparameters_history.jsonl): " + ", ".join(
+                f"{name} {old!r} -> {new!r}" for name, (old, new) in changed.items()))
+
+
 def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
         peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
         restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1"):
@@ -71,9 +92,9 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
     # The mesh the graph names is the one the run uses (the model was sharded for it).
     mesh = mesh_lib.create_mesh(run_spec.mesh.ici_mesh_shape, run_spec.mesh.dcn_mesh_shape)
     mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
-    # Evaluating a training run's directory (another experiment, e.g. Lambada126M on a
-    # GPT126M run) must not overwrite that run's recorded config.
-    if _is_primary() and (mode == "train" or checkpoints.latest_step(checkpoint_dir) is None):
+    # An evaluation writes a config only into a directory of its own: evaluating a training
+    # run's directory (e.g. Lambada126M on a GPT126M run) must not overwrite that run's record.
+    if _is_primary() and mode == "eval" and checkpoints.latest_step(checkpoint_dir) is None:
         write_config(job_log_dir, exp, config)
     trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=peak_tflops)
     source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
@@ -92,11 +113,14 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
                                 predictions_dir=job_log_dir)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
-    state = input_state = None
+    state = input_state = resumed_step = None
     if source is not None:
         restored = checkpoints.restore(*source, trainer.abstract_state)
         state, input_state = restored.state, restored.input_state
         log(f"restored step {restored.step} from {restored.path}")
+        resumed_step = restored.step if source[0] == checkpoint_dir else None
+    if _is_primary():  # only once training is sure to start: a refused run records nothing
+        record_config(job_log_dir, exp, config, resumed_step)
     metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
                                         trainer.abstract_state["params"])
     loop = run_spec.loop

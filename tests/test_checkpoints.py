@@ -196,6 +196,26 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path, reference,
     assert after == {s: v for s, v in console_losses(reference["console"]).items() if s > 3}
 
 
+def test_a_resume_keeps_the_record_and_appends_changed_hyperparameters(tmp_path, capsys):
+    run_job(tmp_path, MAX_STEPS=4)
+    first = (tmp_path / "hyperparameters.json").read_bytes()
+    # Refused (another model): nothing about the run's record changes.
+    with pytest.raises(UserError, match="has no parameter"):
+        run_job(tmp_path, MAX_STEPS=8, NUM_LAYERS=3)
+    assert (tmp_path / "hyperparameters.json").read_bytes() == first
+    assert not (tmp_path / "hyperparameters_history.jsonl").exists()
+    # Resumed with another schedule: the record stays; the change is appended with its step.
+    run_job(tmp_path, MAX_STEPS=6, LEARNING_RATE=1e-3)
+    assert (tmp_path / "hyperparameters.json").read_bytes() == first
+    history = [json.loads(line) for line in
+               (tmp_path / "hyperparameters_history.jsonl").read_text().splitlines()]
+    assert history == [{"step": 4, "changed": {"LEARNING_RATE": [6e-4, 1e-3],
+                                                "MAX_STEPS": [4, 6]}}]
+    assert ("resuming at step 4 with changed hyperparameters (appended to "
+            "hyperparameters_history.jsonl): LEARNING_RATE 0.0006 -> 0.001, MAX_STEPS 4 -> 6"
+            ) in capsys.readouterr().out
+
+
 def test_restore_checkpoint_dir_and_step_start_a_new_job_from_another_run(tmp_path, reference,
                                                                           capsys):
     run_job(tmp_path, restore_dir=str(reference["dir"]), restore_step=4)
