@@ -4,18 +4,20 @@ Only process 0 writes, so a multi-process job has one console stream and one
 set of event files under job_log_dir/tb/{train,eval}.
 """
 
+import json
+import os
 import time
 
 import jax
-import numpy as np
 
 
 class SummaryWriter:
-    """Scalars to TensorBoard event files on process 0; a no-op elsewhere.
+    """Scalars to TensorBoard event files and to metrics.jsonl beside them, on process 0;
+    a no-op elsewhere.
 
-    Written with the `tensorboard` package's own event writer and protos, as
-    tf.summary.scalar would write them (a float32 tensor with the scalars plugin's
-    metadata), so TensorFlow is never imported: GPU machines often lack it, and it
+    Written with the `tensorboard` package's own event writer and protos as simple
+    scalar values (what tensorboardX writes, and what TensorBoard's EventAccumulator
+    reads as scalars), so TensorFlow is never imported: GPU machines often lack it, and it
     must never take a GPU from JAX.
     """
 
@@ -27,24 +29,34 @@ class SummaryWriter:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._writer = EventFileWriter(logdir)
+        self._jsonl = os.path.join(logdir, "metrics.jsonl")
+
+    def restart(self, step: int) -> None:
+        """A run resumed at `step`: TensorBoard drops what earlier runs logged from `step`
+        on (those steps are trained again), so curves never double back."""
+        if self._writer is None:
+            return
+        from tensorboard.compat.proto import event_pb2
+
+        self._writer.add_event(event_pb2.Event(
+            wall_time=time.time(), step=int(step),
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self._writer is None:
             return
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.plugins.scalar import metadata
-        from tensorboard.util import tensor_util
 
         summary = summary_pb2.Summary(value=[
-            summary_pb2.Summary.Value(
-                tag=name,
-                tensor=tensor_util.make_tensor_proto(np.float32(value)),
-                metadata=metadata.create_summary_metadata(display_name=name, description=""),
-            )
+            summary_pb2.Summary.Value(tag=name, simple_value=float(value))
             for name, value in values.items()
         ])
         self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
                                                summary=summary))
+        self._writer.flush()  # on disk when the console shows it: a killed run keeps its curves
+        with open(self._jsonl, "a") as f:
+            f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
+                    + "\n")
 
     def flush(self) -> None:
         if self._writer is not None:

@@ -219,6 +219,9 @@ class Trainer:
         if input_state is not None:
             data.set_state(input_state)
         prefetcher = Prefetcher(data, self.to_device)
+        if step > 0:  # resumed: what earlier runs logged after `step` is done again
+            for name in ("train", "eval") if self.run.evals else ("train",):
+                self.writer(name).restart(step + 1)
         log(
             f"training {self.run.name}: {self.num_params:,} parameters, mesh "
             f"{dict(self.mesh.shape)}, global batch {self.global_batch_size} x "

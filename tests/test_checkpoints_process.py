@@ -85,19 +85,14 @@ def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
         time.sleep(0.01)
 
 
-def tensorboard_losses(job_dir: Path) -> dict[int, float]:
-    """step -> float32 loss from every event file under tb/train; later runs' files win."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util import tensor_util
+def tensorboard_losses(job_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) as TensorBoard shows them: every run's event files under tb/train, what
+    a resumed run redoes purged from the earlier runs' files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    losses = {}
-    for path in sorted((job_dir / "tb" / "train").glob("events.out.tfevents.*"),
-                       key=os.path.getmtime):
-        for event in EventFileLoader(str(path)).Load():
-            for value in event.summary.value:
-                if value.tag == "loss":
-                    losses[event.step] = float(tensor_util.make_ndarray(value.tensor))
-    return losses
+    accumulator = EventAccumulator(str(job_dir / "tb" / "train"))
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars("loss")]
 
 
 def assert_bitwise_equal(a, b):
@@ -131,11 +126,13 @@ def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_pa
     _, expected = checkpoints.load_numpy(str(tmp_path / "reference" / "checkpoints"))
     assert step == RESUMABLE["MAX_STEPS"]
     assert_bitwise_equal(state, expected)
+    # Each step once, in order (the killed run's steps after `restored` were purged), and
+    # the redone steps log what the uninterrupted run logged.
     losses = tensorboard_losses(job)
     reference = tensorboard_losses(tmp_path / "reference")
-    assert sorted(reference) == list(range(1, RESUMABLE["MAX_STEPS"] + 1))
-    assert {s: v for s, v in losses.items() if s > restored} == {
-        s: v for s, v in reference.items() if s > restored}
+    steps = list(range(1, RESUMABLE["MAX_STEPS"] + 1))
+    assert [s for s, _ in reference] == steps and [s for s, _ in losses] == steps
+    assert [v for s, v in losses if s > restored] == [v for s, v in reference if s > restored]
 
 
 def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, env):
