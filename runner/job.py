@@ -99,6 +99,10 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
     trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=peak_tflops)
     source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
                                         restore_checkpoint_step, mode)
+    # Every process has looked for checkpoints before any creates the directory (the
+    # Checkpointer below): a process that finds it created mid-check would enter orbax's
+    # collective directory handling alone and fail with a sync mismatch.
+    _barrier("paxloom:restore_source")
     if mode == "eval":
         if not run_spec.evals:
             raise UserError(f"{run_spec.name} has no evaluation sets; set --fdl.EVAL_BATCHES "
@@ -132,6 +136,14 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
         preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
     ):
         return trainer.train(state, input_state)
+
+
+def _barrier(name: str) -> None:
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
 
 
 def _is_primary() -> bool:
