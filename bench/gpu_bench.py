@@ -26,7 +26,6 @@ from praxis import pax_fiddle  # noqa: E402
 
 import experiments  # noqa: E402
 from runner import mesh as mesh_lib  # noqa: E402
-from runner.errors import UserError  # noqa: E402
 from runner.trainer import Trainer  # noqa: E402
 
 # Per experiment: its overrides, and whether its weights are split over the devices (FSDP)
@@ -117,7 +116,7 @@ def main() -> int:
             try:
                 row.update(measure(build(name, impl, args.tiny, args.percore_batch_size),
                                    args.steps))
-            except (UserError, Exception) as e:  # a failed config is a row, not the end
+            except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 print(f"{name:<14} {impl:<8} error: {row['error']}")
             else:

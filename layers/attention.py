@@ -114,9 +114,7 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
     if impl == "auto":
-        if atten_dropout_prob > 0:
-            return "praxis"
-        if platform != "gpu":
+        if atten_dropout_prob > 0 or platform != "gpu":
             return "praxis"
         return "pallas" if packed_input else "cudnn"
     if impl == "cudnn" and packed_input:

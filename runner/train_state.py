@@ -5,6 +5,8 @@ layer declares), so the sharding of every parameter and of its Adam moments is
 decided by the model config, not by the runner.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -55,34 +57,32 @@ def param_partition_specs(model, example_batch: dict, mesh: Mesh):
     return specs["params"]
 
 
+def _named_specs(param_specs, abstract_params):
+    """(name, PartitionSpec, abstract array) per parameter; names as checkpoints write them."""
+    specs = dict(jax.tree_util.tree_flatten_with_path(
+        param_specs, is_leaf=lambda x: isinstance(x, P))[0])
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        yield jax.tree_util.keystr(path, simple=True, separator="/"), specs[path], leaf
+
+
 def replicated_matrices(param_specs, abstract_params) -> list[str]:
     """Names of weight matrices (praxis names them `w` or `emb_var`) without any
     sharding annotation: a full copy on every device. On a mesh that shards weights
     this usually means a layer class praxis's sharding helper does not know
     (runner/partitioning.py)."""
-    flat_specs = dict(jax.tree_util.tree_flatten_with_path(
-        param_specs, is_leaf=lambda x: isinstance(x, P))[0])
-    names = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
-        keys = [str(getattr(k, "key", k)) for k in path]
-        if keys[-1] in ("w", "emb_var") and all(axis is None for axis in flat_specs[path]):
-            names.append("/".join(keys))
-    return names
+    return [name for name, spec, _ in _named_specs(param_specs, abstract_params)
+            if name.rsplit("/", 1)[-1] in ("w", "emb_var")
+            and all(axis is None for axis in spec)]
 
 
 def check_divisible(param_specs, abstract_params, mesh: Mesh) -> None:
     """UserError naming the first parameter a dimension of which does not split evenly over
     the mesh axes its annotation names (JAX would fail later with a long error)."""
-    flat_specs = dict(jax.tree_util.tree_flatten_with_path(
-        param_specs, is_leaf=lambda x: isinstance(x, P))[0])
-    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
-        for dim, (size, axes) in enumerate(zip(leaf.shape, flat_specs[path], strict=False)):
+    for name, spec, leaf in _named_specs(param_specs, abstract_params):
+        for dim, (size, axes) in enumerate(zip(leaf.shape, spec, strict=False)):
             axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-            ways = 1
-            for axis in axes:
-                ways *= mesh.shape[axis]
+            ways = math.prod(mesh.shape[axis] for axis in axes)
             if size % ways:
-                name = "/".join(str(getattr(k, "key", k)) for k in path)
                 raise UserError(
                     f"parameter {name} {tuple(leaf.shape)}: dimension {dim} ({size}) does not "
                     f"split over mesh axes {'x'.join(axes)} ({ways} devices); make the model "
