@@ -4,13 +4,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 CPU8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 # A new directory each time: a job_log_dir with checkpoints resumes instead of starting over.
 RUN_DIR ?= runs/tiny-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: install run test test-all lint bench clean
+.PHONY: install install-test run test test-all lint bench clean
 
 install: $(STAMP)
+install-test: $(TEST_STAMP)
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,14 +22,19 @@ $(STAMP): requirements.txt requirements-nodeps.txt
 	$(PY) -c "import layers, praxis.layers; print('praxis', 'ok')"
 	touch $(STAMP)
 
+# The tests also need the real clients they check outputs against (requirements-test.txt).
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $(TEST_STAMP)
+
 # The default experiment: a small GPT on the sample corpus built from text on this machine.
 run: $(STAMP)
 	$(CPU8) $(PY) main.py --fdl_config=experiments.Tiny --job_log_dir=$(RUN_DIR)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -m "not slow" --durations=10 tests
 
-test-all: $(STAMP)
+test-all: $(TEST_STAMP)
 	$(PY) -m pytest --durations=10 tests
 
 lint: $(STAMP)

@@ -2,9 +2,10 @@
 
     python main.py --fdl_config=experiments.GPT126M --fdl.PERCORE_BATCH_SIZE=4 --job_log_dir=runs/x
 
-`--fdl.NAME=VALUE` overrides the experiment's hyperparameter NAME; VALUE is a
-Python literal (8, 0.5, [1,8,1], "bfloat16"). Mistakes in flags or
-hyperparameters print one line and exit with status 2.
+`--fdl.NAME=VALUE` overrides the experiment's hyperparameter NAME, and
+`--fdl.path.to.field=VALUE` any field of the run's Fiddle graph; VALUE is a Python
+literal (8, 0.5, [1,8,1], "bfloat16"). Mistakes in flags or hyperparameters print
+one line and exit with status 2.
 
 Training resumes from the latest checkpoint in --job_log_dir. Exit status: 0 when
 training finished, or when SIGTERM/--preemption_signal stopped it after saving a
@@ -12,18 +13,22 @@ checkpoint; 2 for a user error; 3 when the loss became NaN/Inf (the last good
 checkpoint is kept).
 """
 
-import ast
 import os
 import sys
 
 from absl import app, flags
-from absl import logging as _absl_logging  # noqa: F401  (defines --alsologtostderr, --v, ...)
+from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
 
+from runner import xla_flags
 from runner.errors import UserError
 
 FLAGS = flags.FLAGS
 app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
 flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")
+flags.DEFINE_alias("exp", "fdl_config")  # paxml's older name, used by run_lambada_singlenode.sh
+flags.DEFINE_string("fdl_config_file", None, "Rerun a recorded run: its job_log_dir/"
+                    "fiddle_graph.json (the experiment comes from hyperparameters.json beside it "
+                    "unless --fdl_config names it).")
 flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, TensorBoard "
                     "events and checkpoints.")
 flags.DEFINE_enum("mode", "train", ["train", "eval"], "train, or evaluate once.")
@@ -31,8 +36,12 @@ flags.DEFINE_bool("list_experiments", False, "List the registered experiments an
 flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
                   "graph, then exit.")
 flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "
-                    "(see scripts_gpu/download_the_pile.py).")
-flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts pass.")
+                    "(see scripts_gpu/download_the_pile.py), or paxml's TFDS output "
+                    "(the_pile/lm/1.0.0/*.tfrecord*, my_lambada/lm/1.0.0/*.tfrecord*).")
+flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts "
+                    "pass; default: $TFDS_DATA_DIR.")
+flags.DEFINE_string("cache_dir", None, "Where tokenized training data is cached; default: "
+                    "beside the data when writable, else ~/.cache/paxloom.")
 flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
 flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
                    "from the device kind.")
@@ -50,40 +59,50 @@ flags.DEFINE_string("restore_checkpoint_dir", None, "Start from a checkpoint in 
                     "run. New checkpoints still go to --job_log_dir, whose own checkpoints win "
                     "when training and it has some.")
 flags.DEFINE_integer("restore_checkpoint_step", None, "Step to restore; default: the latest.")
+flags.DEFINE_bool("enable_checkpoint_saving", True, "Save checkpoints (paxml's flag); "
+                  "restoring is unaffected.")
 flags.DEFINE_string("preemption_signal", "SIGUSR1", "Besides SIGTERM, this signal also makes "
                     "training save a checkpoint after the current step and exit 0; 'none' for "
                     "SIGTERM only.")
-
-FDL_PREFIX = "--fdl."
-
-
-def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Separate `--fdl.NAME=VALUE` arguments (raw VALUE strings) from the other flags."""
-    rest, overrides = [], {}
-    for arg in argv:
-        if not arg.startswith(FDL_PREFIX):
-            rest.append(arg)
-            continue
-        name, eq, value = arg[len(FDL_PREFIX):].partition("=")
-        if not eq or not name:
-            raise UserError(f"{arg}: write hyperparameter overrides as --fdl.NAME=VALUE")
-        overrides[name] = value
-    return rest, overrides
+# Evaluation, profiling and compilation logs (paxml's names where paxml had the flag).
+flags.DEFINE_bool("eval_on_test", None, "Evaluate during training every EVAL_INTERVAL_STEPS "
+                  "(default: as the experiment says; --noeval_on_test: train only).")
+flags.DEFINE_integer("jax_profiler_port", None, "Start JAX's profiler server on this port, to "
+                     "capture traces on demand from TensorBoard's profile tab.")
+flags.DEFINE_integer("profile_start_step", None, "Trace the train steps after this step into "
+                     "job_log_dir/tb (TensorBoard profile tab; a Perfetto trace beside it).")
+flags.DEFINE_integer("profile_num_steps", 3, "How many steps --profile_start_step traces.")
+flags.DEFINE_bool("should_log_compiles", False, "Log every JAX compilation (paxml's flag; "
+                  "sets jax_log_compiles).")
 
 
-def parse_override_values(overrides: dict[str, str], declared: dict[str, type]) -> dict:
-    """Raw strings -> Python values. A bare word is accepted for str hyperparameters."""
-    values = {}
-    for name, raw in overrides.items():
-        try:
-            values[name] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            if declared.get(name) is str:
-                values[name] = raw
-            else:
-                raise UserError(f"--fdl.{name}={raw}: not a Python literal "
-                                f"(e.g. 8, 0.5, [1,8,1], \"bfloat16\")") from None
-    return values
+def resolve_experiment(hyperparameter_overrides: dict[str, str]):
+    """The experiment instance, from --fdl_config, or from the record of --fdl_config_file."""
+    import experiments
+    from experiments import overrides
+
+    name = FLAGS.fdl_config
+    recorded = {}
+    if FLAGS.fdl_config_file:
+        from runner import job
+
+        if hyperparameter_overrides:
+            raise UserError(f"--fdl_config_file reruns a recorded graph, so --fdl."
+                            f"{next(iter(hyperparameter_overrides))} cannot change it; "
+                            f"override the graph's fields (--fdl.loop.max_steps=...) instead")
+        recorded_name, recorded = job.recorded_experiment(FLAGS.fdl_config_file)
+        name = name or recorded_name
+    if not name:
+        raise UserError("--fdl_config is required (e.g. --fdl_config=experiments.Tiny; "
+                        "--list_experiments lists them)")
+    cls = experiments.resolve(name)
+    if name.startswith(experiments.registry.PAX_GPU_CONFIGS + "."):
+        print(f"note: --fdl_config={name} runs Paxloom's experiments.{cls.__name__}",
+              file=sys.stderr)
+    if FLAGS.fdl_config_file:
+        return cls(**{k: v for k, v in recorded.items() if k in cls.hyperparameter_types()})
+    return cls(**overrides.hyperparameter_values(hyperparameter_overrides,
+                                                 cls.hyperparameter_types()))
 
 
 def start_distributed() -> None:
@@ -98,8 +117,22 @@ def start_distributed() -> None:
         log(distributed.describe())
 
 
+def setup_logging() -> None:
+    """absl's conventions: --log_dir writes absl's log files; library INFO logs reach the
+    console with --alsologtostderr/--logtostderr or an explicit --verbosity, as in Pax
+    (otherwise warnings only, so the console stays Paxloom's own lines)."""
+    absl_logging.use_absl_handler()
+    if FLAGS.log_dir:
+        absl_logging.get_absl_handler().start_logging_to_file(program_name="paxloom",
+                                                              log_dir=FLAGS.log_dir)
+    if not (FLAGS.alsologtostderr or FLAGS.logtostderr or FLAGS["verbosity"].present):
+        absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def main(argv: list[str]) -> int:
-    rest, raw_overrides = split_overrides(argv)
+    from experiments import overrides
+
+    rest, hyperparameter_overrides, graph_overrides = overrides.split(argv)
     rest = ["--help" if arg == "-h" else arg for arg in rest]  # absl's own short form is -?
     try:
         positional = FLAGS(rest)
@@ -107,50 +140,64 @@ def main(argv: list[str]) -> int:
         raise UserError(str(error)) from None
     if len(positional) > 1:
         raise UserError(f"unexpected argument {positional[1]!r}; flags look like --name=value")
-
-    import experiments
+    setup_logging()
+    dropped = xla_flags.drop_retired()
+    if dropped:
+        print(xla_flags.note(dropped), file=sys.stderr)
 
     if FLAGS.list_experiments:
+        import experiments
+
         for name, cls in experiments.registered().items():
             summary = (cls.__doc__ or "").strip().splitlines()[0:1]
             print(f"experiments.{name:<16} {summary[0] if summary else ''}")
         return 0
-    if not FLAGS.fdl_config:
-        raise UserError("--fdl_config is required (e.g. --fdl_config=experiments.Tiny; "
-                        "--list_experiments lists them)")
-    cls = experiments.resolve(FLAGS.fdl_config)
-    if FLAGS.fdl_config.startswith(experiments.registry.PAX_GPU_CONFIGS + "."):
-        print(f"note: --fdl_config={FLAGS.fdl_config} runs Paxloom's "
-              f"experiments.{cls.__name__}", file=sys.stderr)
-    exp = cls(**parse_override_values(raw_overrides, cls.hyperparameter_types()))
+    exp = resolve_experiment(hyperparameter_overrides)
 
     from runner import job
 
     # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
     data_dir = FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR")
     vocab_path = FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
+    if FLAGS.fdl_config_file:
+        config = job.load_config(FLAGS.fdl_config_file)
+    else:
+        config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path,
+                                cache_dir=FLAGS.cache_dir)
+    overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
+    if FLAGS.eval_on_test is not None:
+        job.set_eval_during_training(config, FLAGS.eval_on_test)
     if FLAGS.print_config:
-        print(job.describe(exp, data_dir, vocab_path))
+        print(job.describe(exp, config))
         return 0
     if not FLAGS.job_log_dir:
         raise UserError("--job_log_dir is required (where the config, TensorBoard events and "
                         "checkpoints go)")
     start_distributed()  # before any jax device use; after flag checks, so typos fail fast
-    job.run(exp, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir, data_dir=data_dir,
-            vocab_path=vocab_path, peak_tflops=FLAGS.peak_tflops,
+    if FLAGS.should_log_compiles:
+        import jax
+
+        jax.config.update("jax_log_compiles", True)
+    job.run(exp, config=config, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir,
+            peak_tflops=FLAGS.peak_tflops,
             restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
             restore_checkpoint_step=FLAGS.restore_checkpoint_step,
-            preemption_signal=FLAGS.preemption_signal)
+            preemption_signal=FLAGS.preemption_signal,
+            save_checkpoints=FLAGS.enable_checkpoint_saving,
+            profiler_port=FLAGS.jax_profiler_port,
+            profile_steps=(None if FLAGS.profile_start_step is None else
+                           (FLAGS.profile_start_step, FLAGS.profile_num_steps)))
     return 0
 
 
 if __name__ == "__main__":
+    from runner import errors
     from tasks.errors import DataError
 
     try:
         sys.exit(main(sys.argv))
     except (UserError, DataError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {errors.message(error)}", file=sys.stderr)
         sys.exit(2)
     except Exception as error:
         # Only a run that got as far as importing the trainer can have diverged.

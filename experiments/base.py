@@ -238,15 +238,17 @@ class BaseExperiment:
             relu_dropout_prob=self.RELU_DROPOUT_PROB,
         )
 
-    def run_config(self, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
+    def run_config(self, data_dir: str | None = None, vocab_path: str | None = None,
+                   cache_dir: str | None = None) -> fdl.Config:
         """The whole run as a Fiddle graph (see experiments/run_graph.py).
 
-        `data_dir` and `vocab_path` say where this machine keeps the data; they
-        are not hyperparameters, so they come from flags, not the class.
+        `data_dir`, `vocab_path` and `cache_dir` (tokenized data) say where this machine
+        keeps the data; they are not hyperparameters, so they come from flags.
         """
         from experiments import run_graph
 
-        return run_graph.build_run_config(self, data_dir=data_dir, vocab_path=vocab_path)
+        return run_graph.build_run_config(self, data_dir=data_dir, vocab_path=vocab_path,
+                                          cache_dir=cache_dir)
 
     @classmethod
     def command(cls) -> str:

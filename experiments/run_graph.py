@@ -14,7 +14,8 @@ from runner.errors import UserError
 from tasks import datasets, evaluations, synthetic
 
 
-def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None) -> fdl.Config:
+def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,
+                     cache_dir: str | None = None) -> fdl.Config:
     mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
                       dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; sharding for the mesh comes last, once.
@@ -37,7 +38,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         weight_decay=exp.WEIGHT_DECAY,
         clip_gradient_norm_to_value=exp.CLIP_GRADIENT_NORM_TO_VALUE,
     )
-    train_input, evals = _datasets(exp, data_dir, vocab_path)
+    train_input, evals = _datasets(exp, data_dir, vocab_path, cache_dir)
     return fdl.Config(
         spec.RunSpec,
         name=type(exp).__name__,
@@ -79,7 +80,7 @@ def _with_attention_impl(exp, model):
     return model
 
 
-def _datasets(exp, data_dir, vocab_path):
+def _datasets(exp, data_dir, vocab_path, cache_dir):
     """(train input factory or None, [Evaluation configs]) for exp.DATASET and LAMBADA_EVAL."""
     if exp.DATASET == "synthetic":
         train = fdl.Partial(synthetic.SyntheticTrainInput, seq_len=exp.MAX_SEQ_LEN,
@@ -110,7 +111,7 @@ def _datasets(exp, data_dir, vocab_path):
     if exp.DATASET != "none":
         train = fdl.Partial(datasets.pile_train_input, data_dir=data_dir, vocab=vocab,
                             seq_len=exp.MAX_SEQ_LEN, seed=exp.TRAIN_INPUT_RANDOM_SEED,
-                            packed=exp.PACKED_INPUT)
+                            packed=exp.PACKED_INPUT, cache_dir=cache_dir)
         if exp.EVAL_BATCHES:
             evals.append(fdl.Config(
                 evaluations.TokenLossEval, name="pile_val",

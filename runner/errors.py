@@ -14,3 +14,11 @@ def near_matches(name: str, candidates) -> str:
     if not close:
         return ""
     return " (did you mean " + " or ".join(by_lower[c] for c in close) + "?)"
+
+
+def message(error: BaseException) -> str:
+    """The error's own message. Fiddle re-raises an error from inside a graph's build as a
+    proxy whose message adds a second 'Fiddle context: ...' paragraph; users get the first."""
+    while "proxy_base_exception" in vars(error):
+        error = vars(error)["proxy_base_exception"]
+    return str(error)

@@ -1,5 +1,6 @@
 """One job: resolve the run, record its config, lay out the mesh, then train or evaluate."""
 
+import contextlib
 import json
 import os
 
@@ -8,16 +9,15 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
-from runner import checkpoints, preemption
+from runner import checkpoints, preemption, profiling
 from runner import mesh as mesh_lib
 from runner.errors import UserError
 from runner.summaries import log
 from runner.trainer import Trainer
 
 
-def describe(exp, data_dir=None, vocab_path=None) -> str:
+def describe(exp, config: fdl.Config) -> str:
     """Effective hyperparameters and the Fiddle graph, as shown by --print_config."""
-    config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path)
     lines = [f"# {type(exp).__module__}.{type(exp).__name__}", "", "## Hyperparameters"]
     lines += [f"{name} = {value!r}" for name, value in exp.hyperparameters().items()]
     lines += ["", "## Model layers", *_layer_classes(config.model, "model")]
@@ -39,6 +39,41 @@ def _layer_classes(config: fdl.Buildable, path: str):
         value = config.__arguments__.get(name)
         if isinstance(value, fdl.Buildable):
             yield from _layer_classes(value, f"{path}.{name}")
+
+
+def load_config(path: str) -> fdl.Config:
+    """A run's graph as write_config recorded it (fiddle_graph.json), to run it again."""
+    try:
+        with open(path) as f:
+            return serialization.load_json(f.read())
+    except OSError as error:
+        raise UserError(f"--fdl_config_file={path}: {error.strerror}; pass a run's "
+                        f"job_log_dir/fiddle_graph.json") from None
+    except Exception as error:  # not JSON, or not a Fiddle serialization
+        detail = " ".join(str(error).split())[:200]
+        raise UserError(f"--fdl_config_file={path} is not a Fiddle graph written by a run "
+                        f"({type(error).__name__}: {detail})") from None
+
+
+def recorded_experiment(graph_path: str) -> tuple[str | None, dict]:
+    """(experiment name, hyperparameters) from the hyperparameters.json beside a recorded
+    graph, or (None, {}) when there is none."""
+    path = os.path.join(os.path.dirname(os.path.abspath(graph_path)), "hyperparameters.json")
+    if not os.path.isfile(path):
+        return None, {}
+    with open(path) as f:
+        record = json.load(f)
+    return record["experiment"], record["hyperparameters"]
+
+
+def set_eval_during_training(config: fdl.Config, enabled: bool) -> None:
+    """--eval_on_test / --noeval_on_test: evaluate in the training loop, or train only."""
+    if not enabled:
+        config.loop.eval_interval_steps = 0
+    elif not config.evals or not config.loop.eval_interval_steps:
+        raise UserError("--eval_on_test: this experiment has no evaluation during training; "
+                        "set --fdl.EVAL_INTERVAL_STEPS and --fdl.EVAL_BATCHES or "
+                        "--fdl.LAMBADA_EVAL=True")
 
 
 def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:
@@ -78,16 +113,19 @@ def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int |
                 f"{name} {old!r} -> {new!r}" for name, (old, new) in changed.items()))
 
 
-def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
+def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
-        restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1"):
+        restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1",
+        save_checkpoints: bool = True, profiler_port: int | None = None,
+        profile_steps: tuple[int, int] | None = None):
+    """Train or evaluate `exp`, as its graph `config` says (default: exp.run_config())."""
     experiment = f"{type(exp).__module__}.{type(exp).__name__}"
     checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
     preemption.parse_signal(preemption_signal)  # a bad flag fails before any work
     if mode == "train":
         # Before anything is written there: one directory never mixes two experiments.
         checkpoints.check_experiment(checkpoint_dir, experiment)
-    config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path)
+    config = exp.run_config() if config is None else config
     run_spec = pax_fiddle.build(config)
     # The mesh the graph names is the one the run uses (the model was sharded for it).
     mesh = mesh_lib.create_mesh(run_spec.mesh.ici_mesh_shape, run_spec.mesh.dcn_mesh_shape)
@@ -125,17 +163,29 @@ def run(exp, *, mode: str, job_log_dir: str, data_dir=None, vocab_path=None,
         resumed_step = restored.step if source[0] == checkpoint_dir else None
     if _is_primary():  # only once training is sure to start: a refused run records nothing
         record_config(job_log_dir, exp, config, resumed_step)
-    metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
-                                        trainer.abstract_state["params"])
+    if profiler_port is not None:
+        profiling.start_server(profiler_port)
+    if profile_steps is not None:
+        trainer.profiler = profiling.StepProfiler(os.path.join(job_log_dir, "tb"), *profile_steps)
     loop = run_spec.loop
     with (
-        checkpoints.Checkpointer(checkpoint_dir, metadata=metadata,
-                                 every_n_steps=loop.checkpoint_every_n_steps,
-                                 max_to_keep=loop.checkpoint_max_to_keep,
-                                 writer=trainer.writer("train")) as trainer.checkpointer,
+        _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, save_checkpoints)
+        as trainer.checkpointer,
         preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
     ):
         return trainer.train(state, input_state)
+
+
+def _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, enabled: bool):
+    if not enabled:
+        log("--enable_checkpoint_saving=false: this run saves no checkpoints")
+        return contextlib.nullcontext()
+    metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
+                                        trainer.abstract_state["params"])
+    return checkpoints.Checkpointer(checkpoint_dir, metadata=metadata,
+                                    every_n_steps=loop.checkpoint_every_n_steps,
+                                    max_to_keep=loop.checkpoint_max_to_keep,
+                                    writer=trainer.writer("train"))
 
 
 def _barrier(name: str) -> None:

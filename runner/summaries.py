@@ -6,9 +6,16 @@ set of event files under job_log_dir/tb/{train,eval}.
 
 import json
 import os
+import sys
 import time
+import types
 
 import jax
+
+# TensorBoard's writer imports TensorFlow whenever it is installed (which `.[tfds]` does),
+# costing seconds, console noise and possibly GPU memory; a `tensorboard.compat.notf`
+# module is TensorBoard's own switch to its TF-free stub (its no_tensorflow build target).
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 class SummaryWriter:

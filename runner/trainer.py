@@ -13,8 +13,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from runner import compile_log, throughput
 from runner import mesh as mesh_lib
-from runner import throughput
 from runner.errors import UserError
 from runner.prefetch import Prefetcher
 from runner.spec import RunSpec
@@ -48,6 +48,7 @@ class Trainer:
 
     def __init__(self, run: RunSpec, mesh: Mesh, job_log_dir: str, peak_tflops: float = 0.0):
         self.run, self.mesh, self.job_log_dir = run, mesh, job_log_dir
+        compile_log.register()
         self.model, self.tx = run.model, run.optimizer
         self.global_batch_size = mesh_lib.global_batch_size(run.loop.percore_batch_size, mesh)
         self.process_rows = mesh_lib.process_batch_rows(mesh, self.global_batch_size)
@@ -105,6 +106,7 @@ class Trainer:
         self.sync_every_step = jax.devices()[0].platform == "cpu"
         self.checkpointer = None  # set by the caller (runner.checkpoints) when saving
         self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
+        self.profiler = None  # set by the caller (runner.profiling) to trace chosen steps
         self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------
@@ -152,7 +154,7 @@ class Trainer:
         """The jitted step of one evaluation set: (params, batch) -> its batch_outputs."""
         if evaluation.name not in self._eval_steps:
 
-            def step(params, batch):
+            def evaluate_batch(params, batch):
                 with praxis_context(do_eval=True):
                     predictions = self.model.apply(
                         {"params": params},
@@ -162,7 +164,7 @@ class Trainer:
                 return evaluation.batch_outputs(predictions, batch)
 
             self._eval_steps[evaluation.name] = jax.jit(
-                step,
+                evaluate_batch,
                 in_shardings=(self.state_shardings["params"],
                               {k: self.data_sharding for k in BATCH_DTYPES}),
                 out_shardings=mesh_lib.replicated(self.mesh),
@@ -234,11 +236,15 @@ class Trainer:
         try:
             while step < loop.max_steps:
                 batch, last_input_state = next(prefetcher)
+                if self.profiler is not None:
+                    self.profiler.before_step(step)
                 with self.mesh:
                     state, metrics = self.train_step(state, batch)
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
                 step += 1
+                if self.profiler is not None:
+                    self.profiler.after_step(step, metrics)
                 pending.append(metrics)
                 if self.preemption is not None and self.preemption.reached(step):
                     log(f"step {step}: {self.preemption.received} received; saving a "
@@ -263,6 +269,8 @@ class Trainer:
                     self.checkpointer.save(step, state, last_input_state)
         finally:
             prefetcher.close()
+            if self.profiler is not None:
+                self.profiler.finish()
         if self.checkpointer is not None:
             self._check_finite(pending, step)
             self.checkpointer.save(step, state, last_input_state, final=True)

@@ -37,9 +37,10 @@ def sample_vocab_path() -> str:
     return str(sample_corpus.ensure_sample_data()[1])
 
 
-def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_size, process_rows):
+def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_size, process_rows,
+                     cache_dir=None):
     return PileTrainInput(layout.pile_train_files(data_dir), vocab, seq_len, global_batch_size,
-                          process_rows, seed, packed=packed)
+                          process_rows, seed, packed=packed, cache_dir=cache_dir)
 
 
 def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows):

@@ -4,10 +4,11 @@ import sys
 import textwrap
 
 import pytest
+from praxis import pax_fiddle
 
 import experiments
+from experiments import overrides
 from experiments.base import CHOICES, BaseExperiment
-from main import parse_override_values, split_overrides
 from runner.errors import UserError
 
 
@@ -101,7 +102,8 @@ def test_gpt_model_graph_is_the_reference_model(name):
 def test_print_config_shows_the_reference_values(capsys):
     from runner.job import describe
 
-    text = describe(experiments.resolve("experiments.GPT126M")())
+    exp = experiments.resolve("experiments.GPT126M")()
+    text = describe(exp, exp.run_config())
     for line in ("INIT_STD = 0.023", "SOFTMAX_INIT_STD = 0.023", "LR_COS_WARMUP = 636",
                  "LR_COS_DECAY_START = 637", "LR_COS_DECAY_END = 500000",
                  "CHECKPOINT_POLICY = 'none'"):
@@ -143,11 +145,13 @@ def test_annotation_declares_a_new_hyperparameter():
 
 
 def test_overrides_parse_python_literals():
-    rest, raw = split_overrides(["main.py", "--fdl.ICI_MESH_SHAPE=[1,8,1]",
-                                 "--fdl.PERCORE_BATCH_SIZE=0.5", '--fdl.FPROP_DTYPE="bfloat16"',
-                                 "--fdl.USE_REPEATED_LAYER=True", "--job_log_dir=/tmp/x"])
+    rest, raw, paths = overrides.split([
+        "main.py", "--fdl.ICI_MESH_SHAPE=[1,8,1]", "--fdl.PERCORE_BATCH_SIZE=0.5",
+        '--fdl.FPROP_DTYPE="bfloat16"', "--fdl.USE_REPEATED_LAYER=True", "--job_log_dir=/tmp/x",
+        "--fdl.loop.max_steps=3"])
     assert rest == ["main.py", "--job_log_dir=/tmp/x"]
-    values = parse_override_values(raw, BaseExperiment.hyperparameter_types())
+    assert paths == {"loop.max_steps": "3"}  # a path in the Fiddle graph, not a hyperparameter
+    values = overrides.hyperparameter_values(raw, BaseExperiment.hyperparameter_types())
     assert values == {"ICI_MESH_SHAPE": [1, 8, 1], "PERCORE_BATCH_SIZE": 0.5,
                       "FPROP_DTYPE": "bfloat16", "USE_REPEATED_LAYER": True}
     exp = BaseExperiment(**values)
@@ -156,15 +160,15 @@ def test_overrides_parse_python_literals():
 
 def test_bare_word_is_accepted_for_string_hyperparameters_only():
     declared = BaseExperiment.hyperparameter_types()
-    assert parse_override_values({"FPROP_DTYPE": "bfloat16"}, declared) == {
+    assert overrides.hyperparameter_values({"FPROP_DTYPE": "bfloat16"}, declared) == {
         "FPROP_DTYPE": "bfloat16"}
     with pytest.raises(UserError, match=r"--fdl.NUM_LAYERS=abc: not a Python literal"):
-        parse_override_values({"NUM_LAYERS": "abc"}, declared)
+        overrides.hyperparameter_values({"NUM_LAYERS": "abc"}, declared)
 
 
 def test_override_without_value_is_an_error():
     with pytest.raises(UserError, match="--fdl.NAME=VALUE"):
-        split_overrides(["--fdl.NUM_LAYERS"])
+        overrides.split(["--fdl.NUM_LAYERS"])
 
 
 @pytest.mark.parametrize("name,value,message", [
@@ -197,8 +201,8 @@ def test_an_int_is_a_fine_float():
 
 def test_optional_hyperparameters_take_none_or_their_type():
     declared = BaseExperiment.hyperparameter_types()
-    values = parse_override_values({"ATTEN_DROPOUT_PROB": "None", "RELU_DROPOUT_PROB": "0"},
-                                   declared)
+    values = overrides.hyperparameter_values(
+        {"ATTEN_DROPOUT_PROB": "None", "RELU_DROPOUT_PROB": "0"}, declared)
     exp = BaseExperiment(**values)
     assert exp.ATTEN_DROPOUT_PROB is None
     assert exp.RELU_DROPOUT_PROB == 0.0 and isinstance(exp.RELU_DROPOUT_PROB, float)
@@ -268,3 +272,36 @@ def test_readme_documents_every_hyperparameter():
     readme = (REPO_ROOT / "README.md").read_text()
     for name in BaseExperiment.hyperparameter_types():
         assert f"| `{name}` |" in readme, f"README's hyperparameter table lacks {name}"
+
+
+def test_dotted_overrides_set_fields_of_the_fiddle_graph():
+    exp = experiments.resolve("experiments.Tiny")()
+    config = exp.run_config()
+    changes = overrides.apply_to_graph(config, {
+        "model.lm_tpl.stacked_transformer_tpl.num_layers": "3", "loop.max_steps": "7",
+        "evals[0].name": "held_out", "optimizer.schedule.learning_rate": "1"})
+    assert changes[0] == "model.lm_tpl.stacked_transformer_tpl.num_layers: 2 -> 3"
+    assert config.model.lm_tpl.stacked_transformer_tpl.num_layers == 3
+    assert config.loop.max_steps == 7 and config.evals[0].name == "held_out"
+    assert config.optimizer.schedule.learning_rate == 1.0  # an int is a fine float
+    run = pax_fiddle.build(config)
+    assert run.model.lm_tpl.stacked_transformer_tpl.num_layers == 3
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("model.lm_tpl.stacked_transformer_tpl.num_layer", "3",
+     r"StackedTransformer\) has no field num_layer \(did you mean num_layers"),
+    ("learning_rat", "0.1", r"RunSpec\) has no field learning_rat \(did you mean LEARNING_RATE\?"),
+    ("learning_rate", "0.1", r"learning_rate is a Config of linear_rampup_cosine_decay, not a "
+                             r"value.*did you mean LEARNING_RATE"),
+    ("loop.max_steps", '"many"', r"--fdl.loop.max_steps='many': the field holds int \(800\)"),
+    ("loop.max_steps", "True", r"the field holds int \(800\), not bool"),
+    ("evals[5].name", "x", r"evals has 2 items; index 5 is out of range"),
+    ("loop.max_steps.x", "1", r"loop.max_steps is 800, which has no field x"),
+    ("loop.-x", "1", r"'-x' is not a field name"),
+])
+def test_bad_dotted_overrides_give_one_line_errors(path, value, message):
+    exp = experiments.resolve("experiments.Tiny")()
+    with pytest.raises(UserError, match=message) as info:
+        overrides.apply_to_graph(exp.run_config(), {path: value}, exp.hyperparameter_types())
+    assert "\n" not in str(info.value)

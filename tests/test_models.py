@@ -277,12 +277,12 @@ class WorstTokenEval(Evaluation):
 
 
 class WithOwnEvaluation(BaseExperiment):
-    def run_config(self, data_dir=None, vocab_path=None):
+    def run_config(self, data_dir=None, vocab_path=None, cache_dir=None):
         import fiddle as fdl
 
         from tasks import synthetic
 
-        config = super().run_config(data_dir=data_dir, vocab_path=vocab_path)
+        config = super().run_config(data_dir=data_dir, vocab_path=vocab_path, cache_dir=cache_dir)
         config.evals.append(fdl.Config(
             WorstTokenEval, name="worst_token",
             make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=self.MAX_SEQ_LEN,
