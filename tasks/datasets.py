@@ -44,7 +44,7 @@ def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_siz
 
 
 def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows):
-    return PileEvalInput(layout.pile_val_file(data_dir), vocab, seq_len, global_batch_size,
+    return PileEvalInput(layout.pile_val_files(data_dir), vocab, seq_len, global_batch_size,
                          num_batches, process_rows)
 
 
@@ -53,7 +53,8 @@ class LambadaEvalInput:
 
     def __init__(self, *, data_dir, vocab, seq_len, max_examples, global_batch_size,
                  process_rows):
-        self.examples = read_lambada(layout.lambada_file(data_dir))
+        self.examples = [example for path in layout.lambada_files(data_dir)
+                         for example in read_lambada(path)]
         if max_examples:
             self.examples = self.examples[:max_examples]
         self.vocab, self.seq_len = vocab, seq_len

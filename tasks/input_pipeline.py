@@ -257,7 +257,7 @@ def raw_rows(
 
 
 class PileEvalInput:
-    """The first `num_batches` packed batches of a validation file, the same every evaluation.
+    """The first `num_batches` packed batches of the validation file(s), the same every evaluation.
 
     Iterating yields this process's rows of each batch. When the file runs out,
     the last batch is padded with all-padding rows (weight 0) and there are fewer
@@ -266,7 +266,7 @@ class PileEvalInput:
 
     def __init__(
         self,
-        file,
+        files,
         vocab: Vocabulary,
         seq_len: int,
         batch_size: int,
@@ -282,7 +282,7 @@ class PileEvalInput:
             raise ValueError(
                 f"num_batches={num_batches} must be at least 1 (or None for the whole file)"
             )
-        self.file = Path(file)
+        self.files = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
         self.vocab = vocab
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
@@ -293,7 +293,7 @@ class PileEvalInput:
     def _build(self) -> list[dict]:
         limit = None if self.num_batches is None else self.num_batches * self.batch_size
         rows, lengths = [], []
-        for row, n in raw_rows([self.file], self.vocab, self.seq_len, keep_last_partial=True):
+        for row, n in raw_rows(self.files, self.vocab, self.seq_len, keep_last_partial=True):
             rows.append(row)
             lengths.append(n)
             if limit is not None and len(rows) == limit:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks import tfds
 from tasks.errors import DataError
 from tasks.packing import make_batch
 from tasks.vocab import PAD_ID, Vocabulary
@@ -50,8 +51,11 @@ def split_target(text: str) -> tuple[str, str] | None:
 
 
 def read_lambada(path) -> list[LambadaExample]:
-    """All examples of a Lambada jsonl file; DataError naming file:line for any bad line."""
+    """All examples of a Lambada jsonl file (or a TFDS shard of paxml's my_lambada build);
+    DataError naming file:line for any bad line."""
     path = Path(path)
+    if tfds.is_tfrecord(path):
+        return _read_tfds_lambada(path)
     if not path.is_file():
         raise DataError(
             f"{path} does not exist; download it with `python scripts_gpu/download_lambada.py`"
@@ -79,6 +83,21 @@ def read_lambada(path) -> list[LambadaExample]:
             examples.append(LambadaExample(parts[0], parts[1], lineno))
     if not examples:
         raise DataError(f"{path} has no examples; re-download it")
+    return examples
+
+
+def _read_tfds_lambada(path: Path) -> list[LambadaExample]:
+    """paxml's tfds_lambada.py stored each passage split already: `inputs` (the context)
+    and `targets` (" " + the last word)."""
+    examples = []
+    for record, (context, target) in enumerate(
+            tfds.iter_examples(path, ("inputs", "targets")), start=1):
+        if not context.strip() or not target.strip():
+            raise DataError(f"{path}: record {record} has an empty context or target; "
+                            f"rebuild it with paxml's download_lambada.py")
+        examples.append(LambadaExample(context, target, record))
+    if not examples:
+        raise DataError(f"{path} has no examples; rebuild it")
     return examples
 
 

@@ -5,13 +5,21 @@
     <data_dir>/pile/test.jsonl.zst
     <data_dir>/lambada/lambada_test.jsonl
 
+or paxml's TFDS build of the same (tasks/tfds.py): the_pile/lm/1.0.0/the_pile-{train,
+validation,test}.tfrecord-* and my_lambada/lm/1.0.0/my_lambada-test.tfrecord-*. The
+jsonl layout wins where a directory holds both.
+
 Each function returns the path(s) or raises DataError naming what is missing and
 the command that downloads it, so a wrong `--data_dir` fails before any model is
 built.
 """
 
+import os
 from pathlib import Path
 
+from absl import logging
+
+from tasks import tfds
 from tasks.errors import DataError
 
 PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"
@@ -21,9 +29,12 @@ LAMBADA_DOWNLOAD = "python scripts_gpu/download_lambada.py --data_dir {data_dir}
 def pile_train_files(data_dir) -> list[Path]:
     """All train shards under <data_dir>/pile/train, sorted by name."""
     train_dir = Path(data_dir) / "pile" / "train"
+    if not train_dir.is_dir() and tfds.shards(data_dir, tfds.PILE, "train"):
+        return tfds.shards(data_dir, tfds.PILE, "train")
     if not train_dir.is_dir():
         raise DataError(
-            f"{train_dir} does not exist; download The Pile with "
+            f"{train_dir} does not exist (nor paxml's TFDS build, "
+            f"{tfds.builder_dir(data_dir, tfds.PILE)}); download The Pile with "
             f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
         )
     # Both compressed and plain jsonl are accepted so that a user can drop in an
@@ -41,40 +52,46 @@ def pile_train_files(data_dir) -> list[Path]:
     return files
 
 
-def _split_file(data_dir, split: str) -> Path:
+def _split_files(data_dir, split: str) -> list[Path]:
     pile_dir = Path(data_dir) / "pile"
     for name in (f"{split}.jsonl.zst", f"{split}.jsonl"):
         if (pile_dir / name).is_file():
-            return pile_dir / name
+            return [pile_dir / name]
+    if tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split]):
+        return tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split])
     raise DataError(
         f"{pile_dir / (split + '.jsonl.zst')} does not exist; download it with "
         f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`"
     )
 
 
-def pile_val_file(data_dir) -> Path:
-    """The Pile validation split, <data_dir>/pile/val.jsonl.zst (or .jsonl)."""
-    return _split_file(data_dir, "val")
+def pile_val_files(data_dir) -> list[Path]:
+    """The Pile validation split, <data_dir>/pile/val.jsonl.zst (or .jsonl, or TFDS shards)."""
+    return _split_files(data_dir, "val")
 
 
-def pile_test_file(data_dir) -> Path:
-    """The Pile test split, <data_dir>/pile/test.jsonl.zst (or .jsonl)."""
-    return _split_file(data_dir, "test")
+def pile_test_files(data_dir) -> list[Path]:
+    """The Pile test split, <data_dir>/pile/test.jsonl.zst (or .jsonl, or TFDS shards)."""
+    return _split_files(data_dir, "test")
 
 
-def lambada_file(data_dir) -> Path:
-    """The Lambada test set, <data_dir>/lambada/lambada_test.jsonl."""
+def lambada_files(data_dir) -> list[Path]:
+    """The Lambada test set, <data_dir>/lambada/lambada_test.jsonl (or TFDS shards)."""
     path = Path(data_dir) / "lambada" / "lambada_test.jsonl"
+    if not path.is_file() and tfds.shards(data_dir, tfds.LAMBADA, "test"):
+        return tfds.shards(data_dir, tfds.LAMBADA, "test")
     if not path.is_file():
         raise DataError(
             f"{path} does not exist; download it with "
             f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
         )
-    return path
+    return [path]
 
 
 def default_cache_dir(files) -> Path:
-    """Where prepared (tokenized) shards of `files` go by default: <data_dir>/pile/tokenized.
+    """Where prepared (tokenized) shards of `files` go by default: <data_dir>/pile/tokenized
+    (beside TFDS shards: <builder version dir>/tokenized), or, when the data directory
+    cannot be written (a shared or read-only dataset), the user's cache directory.
 
     Train shards live in pile/train and the val/test splits in pile/, so both map
     to the same pile/tokenized root (each file set gets its own hashed subdir).
@@ -82,4 +99,11 @@ def default_cache_dir(files) -> Path:
     parent = Path(files[0]).resolve().parent
     if parent.name == "train":
         parent = parent.parent
-    return parent / "tokenized"
+    beside = parent / "tokenized"
+    if os.access(beside if beside.is_dir() else parent, os.W_OK):
+        return beside
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    fallback = user_cache / "paxloom" / "tokenized"
+    logging.warning("%s is not writable; caching tokenized data in %s (--cache_dir to choose)",
+                    parent, fallback)
+    return fallback

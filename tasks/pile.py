@@ -16,6 +16,7 @@ from pathlib import Path
 import zstandard
 from absl import logging
 
+from tasks import tfds
 from tasks.errors import DataError
 
 # How many skipped lines per file are logged individually before only counting.
@@ -118,6 +119,9 @@ def iter_documents(path, stats: ReadStats | None = None, with_set_name: bool = F
         stats = ReadStats(str(path))
     if not path.is_file():
         raise DataError(f"{path} does not exist; check --data_dir")
+    if tfds.is_tfrecord(path):
+        yield from _tfrecord_documents(path, stats, with_set_name)
+        return
     for lineno, line in enumerate(_lines(path, stats), start=1):
         stats.lines = lineno
         if not line.strip():
@@ -146,6 +150,21 @@ def iter_documents(path, stats: ReadStats | None = None, with_set_name: bool = F
             yield text, set_name
         else:
             yield text
+    _check_counts(path, stats)
+
+
+def _tfrecord_documents(path: Path, stats: ReadStats, with_set_name: bool) -> Iterator:
+    """The `text` of each record of a TFDS shard (paxml's the_pile build has no set names)."""
+    for record, (text,) in enumerate(tfds.iter_examples(path, ("text",), stats), start=1):
+        if not text:
+            _skip(stats, "empty_text", record, "'text' is empty")
+            continue
+        stats.docs += 1
+        yield (text, None) if with_set_name else text
+    _check_counts(path, stats)
+
+
+def _check_counts(path: Path, stats: ReadStats) -> None:
     if stats.skipped:
         logging.warning("%s", stats.summary())
     if stats.docs == 0:

@@ -284,7 +284,7 @@ def main(argv):
     if "train" in FLAGS.splits:
         sets.append(layout.pile_train_files(FLAGS.data_dir))
     if "val" in FLAGS.splits:
-        sets.append([layout.pile_val_file(FLAGS.data_dir)])
+        sets.append(layout.pile_val_files(FLAGS.data_dir))
     for files in sets:
         shards = prepare(files, vocab, FLAGS.cache_dir, FLAGS.workers)
         tokens = sum(s.num_tokens for s in shards)

@@ -102,3 +102,40 @@ def make_pile_dir(
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_tfrecord(path, examples: list[dict[str, str]]) -> Path:
+    """One TFDS shard: TFRecords of tf.train.Example with byte-string features, as
+    paxml's tfds_pile.py / tfds_lambada.py builds write them."""
+    import tensorflow as tf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for example in examples:
+            features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[value.encode("utf-8")])) for name, value in example.items()}
+            writer.write(tf.train.Example(
+                features=tf.train.Features(feature=features)).SerializeToString())
+    return path
+
+
+def make_tfds_dir(root, train_docs: list[str], val_docs: list[str],
+                  lambada_passages: list[str], num_train_shards: int = 2) -> Path:
+    """A Pax user's TFDS_DATA_DIR: the_pile/lm/1.0.0 and my_lambada/lm/1.0.0 shards."""
+    root = Path(root)
+    pile = root / "the_pile" / "lm" / "1.0.0"
+    per_shard = -(-len(train_docs) // num_train_shards)
+    for i in range(num_train_shards):
+        write_tfrecord(pile / f"the_pile-train.tfrecord-{i:05d}-of-{num_train_shards:05d}",
+                       [{"text": d} for d in train_docs[i * per_shard:(i + 1) * per_shard]])
+    write_tfrecord(pile / "the_pile-validation.tfrecord-00000-of-00001",
+                   [{"text": d} for d in val_docs])
+    # tfds_lambada.py stores the passage split: the context, and " " + its last word.
+    examples = []
+    for passage in lambada_passages:
+        words = passage.split()
+        examples.append({"inputs": " ".join(words[:-1]), "targets": " " + words[-1]})
+    write_tfrecord(root / "my_lambada" / "lm" / "1.0.0" /
+                   "my_lambada-test.tfrecord-00000-of-00001", examples)
+    return root

@@ -192,7 +192,7 @@ def test_unpacked_rows_hold_one_document(data_dir, vocab):
 
 
 def test_eval_input_fixed_padded_and_sliced(data_dir, vocab):
-    val = layout.pile_val_file(data_dir)
+    val = layout.pile_val_files(data_dir)[0]
     ev = PileEvalInput(val, vocab, SEQ_LEN, 4, None)
     batches = list(ev)
     assert [_equal(a, b) for a, b in zip(batches, list(ev), strict=True)] == [True] * len(

@@ -137,9 +137,9 @@ def test_layout_finds_files_sorted(tmp_path):
     (root / "pile" / "train" / "README.txt").write_text("ignored")
     names = [p.name for p in layout.pile_train_files(root)]
     assert names == ["00.jsonl.zst", "01.jsonl.zst", "02.jsonl.zst", "10.jsonl"]
-    assert layout.pile_val_file(root).name == "val.jsonl.zst"
-    assert layout.pile_test_file(root).name == "test.jsonl.zst"
-    assert layout.lambada_file(root).name == "lambada_test.jsonl"
+    assert layout.pile_val_files(root)[0].name == "val.jsonl.zst"
+    assert layout.pile_test_files(root)[0].name == "test.jsonl.zst"
+    assert layout.lambada_files(root)[0].name == "lambada_test.jsonl"
 
 
 def test_layout_errors_name_path_and_download_command(tmp_path):
@@ -152,11 +152,11 @@ def test_layout_errors_name_path_and_download_command(tmp_path):
     with pytest.raises(DataError, match=r"has no \*\.jsonl\.zst or \*\.jsonl files"):
         layout.pile_train_files(tmp_path)
     with pytest.raises(DataError, match=r"pile/val\.jsonl\.zst does not exist; .*--splits val"):
-        layout.pile_val_file(tmp_path)
+        layout.pile_val_files(tmp_path)
     with pytest.raises(
         DataError, match=r"lambada_test\.jsonl does not exist; .*download_lambada\.py"
     ):
-        layout.lambada_file(tmp_path)
+        layout.lambada_files(tmp_path)
 
 
 def test_vocabulary_roundtrip_and_ids(vocab):

@@ -32,10 +32,10 @@ def test_builds_in_real_layout_and_is_deterministic(tmp_path):
     train = layout.pile_train_files(data_dir)
     assert len(train) >= 2
     train_docs = [d for f in train for d in iter_documents(f)]
-    val_docs = list(iter_documents(layout.pile_val_file(data_dir)))
+    val_docs = list(iter_documents(layout.pile_val_files(data_dir)[0]))
     assert len(train_docs) > 300 and len(val_docs) > 30
     assert not set(train_docs) & set(val_docs)
-    examples = read_lambada(layout.lambada_file(data_dir))
+    examples = read_lambada(layout.lambada_files(data_dir)[0])
     assert len(examples) >= 200
     for ex in examples:
         assert ex.target.strip() in ex.context.split()  # the target word occurred earlier
@@ -48,8 +48,8 @@ def test_sample_corpus_feeds_the_pipelines(tmp_path):
     train = PileTrainInput(layout.pile_train_files(data_dir), vocab, 128, 8, (0, 8), seed=0)
     assert train.batches_per_epoch > 50
     assert train.next_batch()["ids"].shape == (8, 128)
-    (val,) = PileEvalInput(layout.pile_val_file(data_dir), vocab, 128, 8, 1)
+    (val,) = PileEvalInput(layout.pile_val_files(data_dir)[0], vocab, 128, 8, 1)
     assert val["weights"].sum() == 8 * 128
-    batch = next(lambada_batches(read_lambada(layout.lambada_file(data_dir)), vocab, 128, 8))
+    batch = next(lambada_batches(read_lambada(layout.lambada_files(data_dir)[0]), vocab, 128, 8))
     assert (batch["weights"].sum(axis=1) > 0).all()
     assert np.all(batch["weights"] <= 1 - batch["paddings"])

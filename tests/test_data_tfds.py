@@ -1,0 +1,93 @@
+"""A Pax user's TFDS data directory (paxml's the_pile and my_lambada builds) as it is."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tasks import layout, tfds
+from tasks.errors import DataError
+from tasks.lambada import read_lambada
+from tasks.pile import iter_documents
+from tasks.train_vocab import train_sentencepiece
+from tests.data_fixtures import REPO_ROOT, make_docs, make_tfds_dir, write_lines
+from tests.helpers import TINY
+
+
+@pytest.fixture(scope="module")
+def tfds_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tfds")
+    docs = make_docs(240, seed=7)
+    passages = [" ".join(d.split()[:12]) + " harbor" for d in make_docs(16, seed=8)]
+    make_tfds_dir(root / "data", docs[:200], docs[200:], passages)
+    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
+    return root / "data", vocab, docs, passages
+
+
+def test_tfds_layout_is_found_and_read_exactly(tfds_data, tmp_path):
+    data_dir, _, docs, passages = tfds_data
+    train = layout.pile_train_files(data_dir)
+    assert [p.name for p in train] == ["the_pile-train.tfrecord-00000-of-00002",
+                                       "the_pile-train.tfrecord-00001-of-00002"]
+    assert [t for p in train for t in iter_documents(p)] == docs[:200]
+    (val,) = layout.pile_val_files(data_dir)
+    assert list(iter_documents(val)) == docs[200:]
+    # Lambada from TFDS: the same context and target as the jsonl of the same passages.
+    (shard,) = layout.lambada_files(data_dir)
+    jsonl = write_lines(tmp_path / "lambada_test.jsonl", [{"text": p} for p in passages])
+    from_tfds, from_jsonl = read_lambada(shard), read_lambada(jsonl)
+    assert [(e.context, e.target) for e in from_tfds] == [
+        (e.context, e.target) for e in from_jsonl]
+    assert from_tfds[0].target == " harbor"
+
+
+def test_corrupt_shard_and_missing_tensorflow_are_one_line_errors(tfds_data, tmp_path,
+                                                                  monkeypatch):
+    data_dir, *_ = tfds_data
+    good = layout.pile_train_files(data_dir)[0].read_bytes()
+    bad = tmp_path / "the_pile-train.tfrecord-00000-of-00001"
+    bad.write_bytes(good[: len(good) // 2])  # truncated mid-record
+    with pytest.raises(DataError, match=r"the_pile-train.tfrecord-00000-of-00001 is corrupt "
+                                        r"after \d+ records") as info:
+        list(iter_documents(bad))
+    assert "\n" not in str(info.value)
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on a machine without it
+    with pytest.raises(DataError, match=r"needs TensorFlow: pip install '.\[tfds\]'"):
+        list(iter_documents(layout.pile_train_files(data_dir)[0]))
+
+
+def test_token_cache_goes_to_the_user_cache_when_the_data_is_not_writable(tmp_path,
+                                                                          monkeypatch):
+    files = [tmp_path / "the_pile" / "lm" / "1.0.0" / "the_pile-train.tfrecord-00000-of-00001"]
+    files[0].parent.mkdir(parents=True)
+    files[0].touch()
+    assert layout.default_cache_dir(files) == files[0].parent / "tokenized"
+    # (Tests run as root, where chmod cannot make a directory unwritable.)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert layout.default_cache_dir(files) == tmp_path / "cache" / "paxloom" / "tokenized"
+
+
+def test_main_trains_and_evaluates_from_tfds_data_dir_in_the_environment(tfds_data, tmp_path):
+    data_dir, vocab, *_ = tfds_data
+    cache = tmp_path / "token_cache"
+    cmd = [sys.executable, "main.py", "--fdl_config=experiments.GPT126M",
+           f"--job_log_dir={tmp_path / 'job'}", f"--cache_dir={cache}",
+           *[f"--fdl.{k}={v!r}" for k, v in {
+               **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "ICI_MESH_SHAPE": [8, 1, 1],
+               "PERCORE_BATCH_SIZE": 1, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
+               "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LAMBADA_EVAL": True,
+               "LR_COS_WARMUP": 1, "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4}.items()]]
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "TFDS_DATA_DIR": str(data_dir), "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step      4 | loss" in out.stdout
+    assert "eval pile_val | loss" in out.stdout and "eval lambada | accuracy" in out.stdout
+    assert "num_examples 16" in out.stdout
+    # Tokenized once into --cache_dir; nothing written beside the dataset.
+    assert list(cache.glob("*/manifest.json"))
+    assert not (tfds.builder_dir(data_dir, tfds.PILE) / "tokenized").exists()
