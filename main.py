@@ -31,7 +31,14 @@ flags.DEFINE_string("fdl_config_file", None, "Rerun a recorded run: its job_log_
                     "unless --fdl_config names it).")
 flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, TensorBoard "
                     "events and checkpoints.")
-flags.DEFINE_enum("mode", "train", ["train", "eval"], "train, or evaluate once.")
+flags.DEFINE_enum("mode", "train", ["train", "eval", "plan", "decode"], "train, evaluate "
+                  "once, plan the train step's memory, communication and speed on CPU "
+                  "(runner/plan.py), or continue prompts from a checkpoint (runner/decode.py).")
+flags.DEFINE_string("plan_device", "h100", "--mode=plan: the GPU to suggest changes and "
+                    "predict speed for: h100, h200, a100-80gb or a100-40gb.")
+flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
+flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
+                   "instead of the table's.")
 flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit.")
 flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
                   "graph, then exit.")
@@ -59,8 +66,24 @@ flags.DEFINE_string("restore_checkpoint_dir", None, "Start from a checkpoint in 
                     "run. New checkpoints still go to --job_log_dir, whose own checkpoints win "
                     "when training and it has some.")
 flags.DEFINE_integer("restore_checkpoint_step", None, "Step to restore; default: the latest.")
+flags.DEFINE_bool("skip_broken_checkpoints", False, "When the checkpoint to restore is "
+                  "damaged, restore the newest earlier one (the damaged one is moved to "
+                  "checkpoints-broken/, never deleted).")
 flags.DEFINE_bool("enable_checkpoint_saving", True, "Save checkpoints (paxml's flag); "
                   "restoring is unaffected.")
+# --mode=decode; see runner/decode.py.
+flags.DEFINE_multi_string("prompt", [], "--mode=decode: a prompt to continue (repeatable).")
+flags.DEFINE_string("prompts_file", None, "--mode=decode: prompts to continue, one per line, "
+                    "or a .jsonl file of {\"prompt\": ...} objects.")
+flags.DEFINE_integer("max_decode_steps", 64, "--mode=decode: most tokens per continuation.")
+flags.DEFINE_float("temperature", 0.0, "--mode=decode: 0 decodes greedily; above 0, samples "
+                   "at this temperature.")
+flags.DEFINE_integer("top_k", 0, "--mode=decode: sample among the k most likely tokens "
+                     "(0: all).")
+flags.DEFINE_float("top_p", 1.0, "--mode=decode: sample among the most likely tokens that "
+                   "hold this much probability (1: all).")
+flags.DEFINE_integer("decode_seed", 0, "--mode=decode: seed of the sampling.")
+flags.DEFINE_integer("decode_batch_size", 16, "--mode=decode: prompts decoded together.")
 flags.DEFINE_string("preemption_signal", "SIGUSR1", "Besides SIGTERM, this signal also makes "
                     "training save a checkpoint after the current step and exit 0; 'none' for "
                     "SIGTERM only.")
@@ -103,6 +126,28 @@ def resolve_experiment(hyperparameter_overrides: dict[str, str]):
         return cls(**{k: v for k, v in recorded.items() if k in cls.hyperparameter_types()})
     return cls(**overrides.hyperparameter_values(hyperparameter_overrides,
                                                  cls.hyperparameter_types()))
+
+
+def vocab_path() -> str | None:
+    return FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
+
+
+def run_graph(exp, graph_overrides: dict[str, str]):
+    """The run's Fiddle graph: the experiment's (or the recorded one), as the flags adjust it."""
+    from experiments import overrides
+    from runner import job
+
+    if FLAGS.fdl_config_file:
+        config = job.load_config(FLAGS.fdl_config_file)
+    else:
+        # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
+        config = exp.run_config(
+            data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
+            vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir)
+    overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
+    if FLAGS.eval_on_test is not None:
+        job.set_eval_during_training(config, FLAGS.eval_on_test)
+    return config
 
 
 def start_distributed() -> None:
@@ -153,41 +198,64 @@ def main(argv: list[str]) -> int:
             print(f"experiments.{name:<16} {summary[0] if summary else ''}")
         return 0
     exp = resolve_experiment(hyperparameter_overrides)
+    if FLAGS.mode == "plan":  # before building the graph starts jax: as many CPU devices as
+        from runner import plan  # the mesh has
+
+        plan.use_host_devices(plan.device_count(exp))
 
     from runner import job
 
-    # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
-    data_dir = FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR")
-    vocab_path = FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
-    if FLAGS.fdl_config_file:
-        config = job.load_config(FLAGS.fdl_config_file)
-    else:
-        config = exp.run_config(data_dir=data_dir, vocab_path=vocab_path,
-                                cache_dir=FLAGS.cache_dir)
-    overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
-    if FLAGS.eval_on_test is not None:
-        job.set_eval_during_training(config, FLAGS.eval_on_test)
+    if not FLAGS.print_config and FLAGS.mode != "plan":
+        if not FLAGS.job_log_dir:
+            raise UserError("--job_log_dir is required (where the config, TensorBoard events "
+                            "and checkpoints go)")
+        # Before anything touches a jax device (building the graph asks for the platform);
+        # after the flag checks, so typos fail fast.
+        start_distributed()
+    config = run_graph(exp, graph_overrides)
     if FLAGS.print_config:
         print(job.describe(exp, config))
         return 0
-    if not FLAGS.job_log_dir:
-        raise UserError("--job_log_dir is required (where the config, TensorBoard events and "
-                        "checkpoints go)")
-    start_distributed()  # before any jax device use; after flag checks, so typos fail fast
+    if FLAGS.mode == "plan":
+        print(plan.report(exp, config, graph_overrides, device=FLAGS.plan_device,
+                          mfu=FLAGS.plan_mfu, device_memory_gb=FLAGS.plan_device_memory_gb))
+        return 0
     if FLAGS.should_log_compiles:
         import jax
 
         jax.config.update("jax_log_compiles", True)
+    if FLAGS.mode == "decode":
+        from runner import decode
+        from runner.generate import SamplingOptions
+
+        decode.run(exp, config, job_log_dir=FLAGS.job_log_dir, prompts=FLAGS.prompt,
+                   prompts_file=FLAGS.prompts_file, max_decode_steps=FLAGS.max_decode_steps,
+                   options=SamplingOptions(temperature=FLAGS.temperature, top_k=FLAGS.top_k,
+                                           top_p=FLAGS.top_p, seed=FLAGS.decode_seed),
+                   batch_size=FLAGS.decode_batch_size, vocab_path=vocab_path(),
+                   restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
+                   restore_checkpoint_step=FLAGS.restore_checkpoint_step)
+        return 0
     job.run(exp, config=config, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir,
             peak_tflops=FLAGS.peak_tflops,
             restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
             restore_checkpoint_step=FLAGS.restore_checkpoint_step,
             preemption_signal=FLAGS.preemption_signal,
             save_checkpoints=FLAGS.enable_checkpoint_saving,
+            skip_broken_checkpoints=FLAGS.skip_broken_checkpoints,
             profiler_port=FLAGS.jax_profiler_port,
             profile_steps=(None if FLAGS.profile_start_step is None else
                            (FLAGS.profile_start_step, FLAGS.profile_num_steps)))
     return 0
+
+
+def exit_now(code: int, message: str) -> None:
+    """Print the one-line error and end the process at once: a failed background save can
+    leave library threads (orbax's) that would otherwise keep the process alive."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
@@ -197,12 +265,10 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv))
     except (UserError, DataError) as error:
-        print(f"error: {errors.message(error)}", file=sys.stderr)
-        sys.exit(2)
+        exit_now(2, errors.message(error))
     except Exception as error:
         # Only a run that got as far as importing the trainer can have diverged.
         trainer = sys.modules.get("runner.trainer")
         if trainer is None or not isinstance(error, trainer.NonFiniteLossError):
             raise
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(3)
+        exit_now(3, str(error))

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -35,6 +36,29 @@ SHAPE_HYPERPARAMETERS = (
     "NUM_LAYERS", "NUM_HEADS", "MODEL_DIMS", "HIDDEN_DIMS", "DIMS_PER_HEAD", "VOCAB_SIZE",
     "MAX_SEQ_LEN", "USE_REPEATED_LAYER", "ICI_MESH_SHAPE", "DCN_MESH_SHAPE",
 )
+
+
+class _OrbaxSaveErrors(logging.Filter):
+    """Orbax logs a failed background save as several tracebacks; the Checkpointer reports
+    the same failure as one UserError line (naming the step and the intact checkpoint)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+
+
+logging.getLogger("absl").addFilter(_OrbaxSaveErrors())
+
+
+def _quiet_closed_event_loop(unraisable, default=sys.unraisablehook) -> None:
+    """After a failed save (a full disk), tensorstore's pending write callbacks still call
+    into orbax's event loop, already closed, each printing a traceback; the failure itself
+    is reported once, as the UserError."""
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+        default(unraisable)
+
+
+sys.unraisablehook = _quiet_closed_event_loop
 
 
 def job_checkpoint_dir(job_log_dir: str) -> str:
@@ -81,24 +105,38 @@ def run_metadata(experiment: str, hyperparameters: dict, abstract_params) -> dic
 
 
 @contextlib.contextmanager
-def _reader(directory: str):
-    """A read-only CheckpointManager over `directory` (which may not exist)."""
+def _orbax_warnings_off():
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
-    # Orbax warns on every read-only open that the directory is read-only; that is the point.
     absl_logger.setLevel(logging.ERROR)
     try:
+        yield
+    finally:
+        absl_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _reader(directory: str):
+    """A read-only CheckpointManager over `directory` (which may not exist)."""
+    # Orbax warns on every read-only open that the directory is read-only; that is the point.
+    with _orbax_warnings_off():
         manager = ocp.CheckpointManager(
             os.path.abspath(directory), item_handlers=_handlers(),
             options=ocp.CheckpointManagerOptions(read_only=True, create=False,
                                                  save_interval_steps=0),
         )
-    finally:
-        absl_logger.setLevel(level)
     try:
         yield manager
     finally:
         manager.close()
+
+
+def all_steps(directory: str) -> list[int]:
+    """The complete checkpoints' steps in `directory`, ascending ([] when it does not exist)."""
+    if not os.path.isdir(directory):
+        return []
+    with _reader(directory) as manager:
+        return sorted(manager.all_steps())
 
 
 def latest_step(directory: str) -> int | None:
@@ -180,6 +218,9 @@ def restore_source(job_dir: str, restore_dir: str | None, restore_step: int | No
         return None if own is None else (job_dir, own)
     if own is None:
         raise UserError(f"--restore_checkpoint_step={restore_step}: {job_dir} has no checkpoints")
+    if restore_step not in all_steps(job_dir):
+        raise UserError(f"--restore_checkpoint_step={restore_step}: {job_dir} has no such "
+                        f"checkpoint; it has steps {all_steps(job_dir)}")
     if mode == "train" and restore_step != own:
         raise UserError(
             f"--restore_checkpoint_step={restore_step}: {job_dir} has later checkpoints (latest "
@@ -187,6 +228,34 @@ def restore_source(job_dir: str, restore_dir: str | None, restore_step: int | No
             f"directory; use a new --job_log_dir with --restore_checkpoint_dir={job_dir} "
             f"--restore_checkpoint_step={restore_step}")
     return job_dir, restore_step
+
+
+class BrokenCheckpointError(UserError):
+    """A checkpoint that orbax lists as complete cannot be read (a file missing or garbled)."""
+
+    def __init__(self, directory: str, step: int, error: Exception):
+        self.directory, self.step = directory, step
+        earlier = [s for s in all_steps(directory) if s < step]
+        detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        if earlier:
+            fix = (f"--skip_broken_checkpoints sets it aside (into {set_aside_dir(directory)}) "
+                   f"and resumes from step {earlier[-1]}")
+        else:
+            fix = (f"there is no earlier checkpoint: move {directory}/{step} away to start "
+                   f"over, or put back an intact copy")
+        super().__init__(f"checkpoint step {step} in {directory} is damaged ({detail}); {fix}")
+
+
+def set_aside_dir(directory: str) -> str:
+    return os.path.abspath(directory).rstrip("/") + "-broken"
+
+
+def set_aside(directory: str, step: int) -> str:
+    """Move a damaged checkpoint out of the checkpoint directory (never delete it)."""
+    target = os.path.join(set_aside_dir(directory), f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(os.path.join(directory, str(step)), target)
+    return target
 
 
 @dataclasses.dataclass
@@ -211,19 +280,28 @@ def restore(directory: str, step: int | None, abstract_state: dict, *,
         elif step not in steps:
             raise UserError(f"no checkpoint for step {step} in {directory}; it has steps "
                             f"{sorted(steps) or 'none'}")
-        saved = manager.item_metadata(step)["state"]
+        try:
+            with _orbax_warnings_off():  # a damaged item's warning; the error says it all
+                saved = manager.item_metadata(step)["state"]
+        except Exception as error:
+            raise BrokenCheckpointError(directory, step, error) from None
+        if saved is None:
+            raise BrokenCheckpointError(directory, step, FileNotFoundError("no state metadata"))
         _check_shapes(directory, step, saved["params"], abstract_state["params"])
         target = {"params": abstract_state["params"]} if params_only else abstract_state
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(
-                item=target,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                # Evaluation needs no optimizer moments: skip reading them.
-                partial_restore=params_only,
-            ),
-            input=ocp.args.JsonRestore(),
-            metadata=ocp.args.JsonRestore(),
-        ))
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=target,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    # Evaluation needs no optimizer moments: skip reading them.
+                    partial_restore=params_only,
+                ),
+                input=ocp.args.JsonRestore(),
+                metadata=ocp.args.JsonRestore(),
+            ))
+        except Exception as error:
+            raise BrokenCheckpointError(directory, step, error) from None
     return Restored(step=step, path=os.path.join(directory, str(step)), state=restored["state"],
                     input_state=restored["input"], metadata=restored["metadata"] or {})
 
@@ -302,6 +380,12 @@ class Checkpointer:
     def writing(self) -> bool:
         """Whether a save is still being written in the background."""
         return self._writing is not None and self._manager.is_saving_in_progress()
+
+    def check(self) -> None:
+        """Cheap, after every step: a background save that has failed stops the run now,
+        not at the next checkpoint (which may be an hour of training away)."""
+        if self._writing is not None and not self._manager.is_saving_in_progress():
+            self.wait()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written; UserError if it failed."""

@@ -58,6 +58,9 @@ def load_config(path: str) -> fdl.Config:
 def recorded_experiment(graph_path: str) -> tuple[str | None, dict]:
     """(experiment name, hyperparameters) from the hyperparameters.json beside a recorded
     graph, or (None, {}) when there is none."""
+    if not os.path.isfile(graph_path):
+        raise UserError(f"--fdl_config_file={graph_path}: No such file; pass a run's "
+                        f"job_log_dir/fiddle_graph.json")
     path = os.path.join(os.path.dirname(os.path.abspath(graph_path)), "hyperparameters.json")
     if not os.path.isfile(path):
         return None, {}
@@ -116,12 +119,14 @@ def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int |
 def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
         restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1",
-        save_checkpoints: bool = True, profiler_port: int | None = None,
+        save_checkpoints: bool = True, skip_broken_checkpoints: bool = False,
+        profiler_port: int | None = None,
         profile_steps: tuple[int, int] | None = None):
     """Train or evaluate `exp`, as its graph `config` says (default: exp.run_config())."""
     experiment = f"{type(exp).__module__}.{type(exp).__name__}"
     checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
     preemption.parse_signal(preemption_signal)  # a bad flag fails before any work
+    check_writable(job_log_dir)
     if mode == "train":
         # Before anything is written there: one directory never mixes two experiments.
         checkpoints.check_experiment(checkpoint_dir, experiment)
@@ -148,7 +153,8 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         if source is None:
             raise UserError(f"--mode=eval evaluates a checkpoint, and {checkpoint_dir} has none; "
                             f"train first, or pass --restore_checkpoint_dir")
-        restored = checkpoints.restore(*source, trainer.abstract_state, params_only=True)
+        restored = _restore(source, trainer.abstract_state, skip_broken_checkpoints,
+                            checkpoint_dir, params_only=True)
         log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
             f"from {restored.path}")
         return trainer.evaluate(restored.state["params"], restored.step,
@@ -157,7 +163,8 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
     state = input_state = resumed_step = None
     if source is not None:
-        restored = checkpoints.restore(*source, trainer.abstract_state)
+        restored = _restore(source, trainer.abstract_state, skip_broken_checkpoints,
+                            checkpoint_dir)
         state, input_state = restored.state, restored.input_state
         log(f"restored step {restored.step} from {restored.path}")
         resumed_step = restored.step if source[0] == checkpoint_dir else None
@@ -176,6 +183,28 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         return trainer.train(state, input_state)
 
 
+def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
+    """checkpoints.restore; with `skip_broken`, a damaged checkpoint gives way to the newest
+    earlier one. In the job's own directory the damaged one is moved aside (never deleted):
+    training on would otherwise save new steps beside, and below, a broken latest step."""
+    while True:
+        try:
+            return checkpoints.restore(*source, abstract_state, **kwargs)
+        except checkpoints.BrokenCheckpointError as error:
+            earlier = [s for s in checkpoints.all_steps(error.directory) if s < error.step]
+            if not skip_broken or not earlier:
+                raise
+            where = "left in place"
+            if error.directory == own_dir:
+                where = "moved aside"
+                if _is_primary():
+                    where = f"moved to {checkpoints.set_aside(error.directory, error.step)}"
+                _barrier("paxloom:set_aside")
+            log(f"warning: checkpoint step {error.step} is damaged ({where}); restoring "
+                f"step {earlier[-1]} instead")
+            source = (error.directory, earlier[-1])
+
+
 def _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, enabled: bool):
     if not enabled:
         log("--enable_checkpoint_saving=false: this run saves no checkpoints")
@@ -186,6 +215,34 @@ def _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, enabled: bool)
                                     every_n_steps=loop.checkpoint_every_n_steps,
                                     max_to_keep=loop.checkpoint_max_to_keep,
                                     writer=trainer.writer("train"))
+
+
+def check_writable(job_log_dir: str) -> None:
+    """Create --job_log_dir and write a little to it, so that a file in its place, a
+    read-only or full disk fails now, in one line, not at the first checkpoint."""
+    flag = f"--job_log_dir={job_log_dir}"
+    try:
+        os.makedirs(job_log_dir, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{flag} is a file, not a directory; pass a directory") from None
+    except NotADirectoryError:
+        raise UserError(f"{flag}: a part of the path is a file, not a directory; pass a "
+                        f"directory path") from None
+    except OSError as error:
+        raise UserError(f"{flag}: cannot create it ({error.strerror}); pass a writable "
+                        f"directory") from None
+    probe = os.path.join(job_log_dir, f".write_test.{os.uname().nodename}.{os.getpid()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 65536)  # enough to hit a full disk, not just a free inode
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:
+        raise UserError(f"{flag} is not writable ({error.strerror}); free space or pass a "
+                        f"writable directory") from None
+    finally:
+        if os.path.exists(probe):
+            os.remove(probe)
 
 
 def _barrier(name: str) -> None:

@@ -245,6 +245,8 @@ class Trainer:
                 step += 1
                 if self.profiler is not None:
                     self.profiler.after_step(step, metrics)
+                if self.checkpointer is not None:
+                    self.checkpointer.check()
                 pending.append(metrics)
                 if self.preemption is not None and self.preemption.reached(step):
                     log(f"step {step}: {self.preemption.received} received; saving a "
