@@ -1,0 +1,126 @@
+"""The command lines of paxml's four GPU launch scripts, run as they are.
+
+Written out from paxml/contrib/gpu/scripts_gpu/ (run_pile_singlenode.sh,
+run_lambada_singlenode.sh, run_pile_multinode.sh, example_slurm_pile.sub): the same
+flags and environment variables, `python3 -u -m paxml.main` replaced by this repo's
+main.py, on a TFDS-layout data directory as paxml's download scripts write it. Two
+changes make them run on a 2-core CPU: the tiny model's --fdl. overrides are appended,
+and the multi-node job's coordinator port is a free one instead of 12345.
+"""
+
+import sys
+
+import pytest
+
+from tests.data_fixtures import REPO_ROOT, make_docs, make_tfds_dir
+from tests.helpers import TINY
+from tests.test_multiprocess import CONNECT_TIMEOUT_S, free_port, process_env, run_job
+
+# The scripts' BASE_XLA_FLAGS, verbatim: several are gone from today's XLA, which would
+# abort on them; main.py drops exactly those with a note.
+PAX_XLA_FLAGS = (
+    "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false "
+    "--xla_gpu_simplify_all_fp_conversions --xla_gpu_enable_async_all_gather=true "
+    "--xla_gpu_enable_async_reduce_scatter=true  --xla_gpu_enable_highest_priority_async_stream=true "
+    "--xla_gpu_enable_triton_softmax_fusion=false  --xla_gpu_all_reduce_combine_threshold_bytes=51200 "
+    "--xla_gpu_graph_level=0 --xla_gpu_enable_async_all_reduce=true")
+CONFIGS = "paxml.contrib.gpu.scripts_gpu.configs"
+# The tiny model (same shapes for training and the Lambada evaluation of its checkpoint).
+TINY_OVERRIDES = [f"--fdl.{k}={v!r}" for k, v in {
+    **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
+    "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LAMBADA_MAX_EXAMPLES": 8,
+    "LR_COS_WARMUP": 1, "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4,
+    "CHECKPOINT_EVERY_N_STEPS": 4}.items() if k != "FPROP_DTYPE"]
+
+
+@pytest.fixture(scope="module")
+def pax_data(tmp_path_factory):
+    """TFDS_DATA_DIR with the_pile and my_lambada, and a SentencePiece model."""
+    from tasks.train_vocab import train_sentencepiece
+
+    root = tmp_path_factory.mktemp("pax")
+    docs = make_docs(260, seed=11)
+    passages = [" ".join(d.split()[:10]) + " harbor" for d in make_docs(8, seed=12)]
+    make_tfds_dir(root / "datasets", docs[:220], docs[220:], passages)
+    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
+    return root / "datasets", vocab
+
+
+def pax_env(devices: int, **extra) -> dict[str, str]:
+    env = process_env(devices)
+    env["XLA_FLAGS"] = f"{PAX_XLA_FLAGS} {env['XLA_FLAGS']}"  # export XLA_FLAGS="$BASE ${XLA_FLAGS}"
+    return {**env, **extra}
+
+
+def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
+    tfds_data_dir, vocab = pax_data
+    log_dir = tmp_path / "test_logdir"
+    # run_pile_singlenode.sh TFDS_DATA_DIR VOCAB_PATH float32 8 1 LOG_DIR
+    pile = [sys.executable, "-u", str(REPO_ROOT / "main.py"),
+            f"--job_log_dir={log_dir}",
+            f"--fdl_config={CONFIGS}.Pile126M",
+            '--fdl.FPROP_DTYPE="float32"',
+            "--fdl.ICI_MESH_SHAPE=[8, 1, 1]",
+            "--fdl.DCN_MESH_SHAPE=[1,1,1]",
+            "--fdl.PERCORE_BATCH_SIZE=1",
+            f"--tfds_data_dir={tfds_data_dir}",
+            "--alsologtostderr", *TINY_OVERRIDES]
+    job = run_job([pile], 8, tmp_path / "pile_logs",
+                  envs=[pax_env(8, VOCAB_PATH=str(vocab))])
+    out, err = job.stdout(0), job.stderr(0)
+    assert "step      4 | loss" in out and "eval lambada | accuracy" in out
+    assert "note: ignoring XLA_FLAGS that this XLA no longer has" in err
+    assert f"note: --fdl_config={CONFIGS}.Pile126M runs Paxloom's experiments.Pile126M" in err
+
+    # run_lambada_singlenode.sh TFDS_DATA_DIR VOCAB_PATH LOG_DIR (no XLA_FLAGS of its own)
+    lambada = [sys.executable, str(REPO_ROOT / "main.py"),
+               f"--job_log_dir={log_dir}",
+               f"--exp={CONFIGS}.Lambada126M",
+               f"--tfds_data_dir={tfds_data_dir}",
+               "--mode=eval",
+               "--should_log_compiles=True",
+               "--alsologtostderr", *TINY_OVERRIDES]
+    job = run_job([lambada], 8, tmp_path / "lambada_logs",
+                  envs=[process_env(8) | {"VOCAB_PATH": str(vocab)}])
+    assert "evaluating step 4" in job.stdout(0)
+    assert "eval lambada | accuracy" in job.stdout(0)
+    assert "Finished XLA compilation" in job.stderr(0)  # --should_log_compiles
+    assert (log_dir / "lambada_predictions.jsonl").is_file()
+
+
+@pytest.mark.multiprocess
+def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):
+    """run_pile_multinode.sh's command on 2 nodes, in the environment example_slurm_pile.sub
+    gives it (srun's SLURM variables, --export=ALL,TFDS_DATA_DIR=...,WORKSPACE_DIR=...,
+    GPT_VOCAB_PATH=...). One task per node here: the .sub's --ntasks-per-node=8 (one
+    process per GPU) needs GPUs that report their node (see README, Multi-node)."""
+    tfds_data_dir, vocab = pax_data
+    port = free_port()
+    nodes, gpus = 2, 4
+    commands, envs = [], []
+    for rank in range(nodes):
+        commands.append([
+            sys.executable, "-u", str(REPO_ROOT / "main.py"),
+            f"--job_log_dir={tmp_path}/workspace/pile_126m",  # the .sub's workspace/${LOG_DIR_LOCAL}
+            f"--fdl_config={CONFIGS}.Pile126M",
+            f"--tfds_data_dir={tfds_data_dir}",
+            '--fdl.FPROP_DTYPE="float32"',
+            f"--fdl.ICI_MESH_SHAPE=[{gpus},1,1]",
+            f"--fdl.DCN_MESH_SHAPE=[{nodes},1,1]",
+            "--fdl.PERCORE_BATCH_SIZE=1",
+            "--multiprocess_gpu",
+            f"--server_addr=127.0.0.1:{port}",
+            f"--num_hosts={nodes}",
+            f"--host_idx={rank}",
+            "--alsologtostderr", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}",
+            *TINY_OVERRIDES])
+        envs.append(pax_env(
+            gpus, VOCAB_PATH=str(vocab), XLA_PYTHON_CLIENT_MEM_FRACTION="0.85",
+            SLURM_JOB_NUM_NODES=str(nodes), SLURM_LAUNCH_NODE_IPADDR="127.0.0.1",
+            SLURM_NTASKS=str(nodes), SLURM_PROCID=str(rank), SLURM_NODEID=str(rank),
+            TFDS_DATA_DIR=str(tfds_data_dir), WORKSPACE_DIR=str(tmp_path / "workspace"),
+            GPT_VOCAB_PATH=str(vocab.parent), PWD=str(tmp_path)))
+    job = run_job(commands, gpus, tmp_path / "logs", envs=envs)
+    assert "jax.distributed: 2 processes" in job.stdout(0)
+    assert "step      4 | loss" in job.stdout(0)
+    assert "eval lambada | accuracy" in job.stdout(0)
