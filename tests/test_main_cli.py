@@ -116,3 +116,33 @@ def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
     assert graph.loop.max_steps == 5
     assert graph.model.lm_tpl.model_dims == 64
     assert "model.lm_tpl.model_dims" in (job / "fiddle_graph.txt").read_text()
+
+
+def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
+    """--exp, a dotted graph override, --noeval_on_test, --enable_checkpoint_saving=false and
+    a profile of steps 2-3; then --fdl_config_file reruns the recorded graph to the same
+    losses."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    flags = [f"--fdl.{k}={v!r}" for k, v in {
+        "NUM_LAYERS": 2, "MODEL_DIMS": 64, "HIDDEN_DIMS": 256, "NUM_HEADS": 4,
+        "DIMS_PER_HEAD": 16, "MAX_SEQ_LEN": 64, "VOCAB_SIZE": 512, "DATASET": "synthetic",
+        "EVAL_BATCHES": 1, "EVAL_INTERVAL_STEPS": 2, "MAX_STEPS": 4}.items()]
+    out = run_main("--exp=experiments.base.BaseExperiment", *flags,
+                   "--fdl.loop.summary_interval_steps=1", "--noeval_on_test",
+                   "--enable_checkpoint_saving=false", "--profile_start_step=1",
+                   "--profile_num_steps=2", f"--job_log_dir={first}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "compiling the train step" in out.stdout and "eval " not in out.stdout
+    assert not (first / "checkpoints").exists()
+    (trace,) = (first / "tb" / "plugins" / "profile").glob("*/*.xplane.pb")
+    assert trace.stat().st_size > 0 and list(trace.parent.glob("*.json.gz"))  # Perfetto
+    losses = [json.loads(line) for line in (first / "tb" / "train" / "metrics.jsonl").open()]
+    assert [r["step"] for r in losses] == [1, 2, 3, 4]  # the dotted override took effect
+
+    out = run_main(f"--fdl_config_file={first / 'fiddle_graph.json'}", f"--job_log_dir={again}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rerun = [json.loads(line) for line in (again / "tb" / "train" / "metrics.jsonl").open()]
+    assert [r["loss"] for r in rerun if "loss" in r] == [r["loss"] for r in losses]
+    record = json.loads((again / "hyperparameters.json").read_text())
+    assert record["experiment"] == "experiments.base.BaseExperiment"
+    assert (again / "checkpoints").is_dir()  # the flags of the first run are not in the graph
