@@ -18,7 +18,7 @@ from runner import mesh as mesh_lib
 from runner.errors import UserError
 from runner.prefetch import Prefetcher
 from runner.spec import RunSpec
-from runner.summaries import SummaryWriter, format_duration, log
+from runner.summaries import SummaryWriter, log
 from runner.train_state import (
     as_model_batch,
     check_divisible,
@@ -28,6 +28,7 @@ from runner.train_state import (
     replicated_matrices,
     state_shardings,
 )
+from tasks.progress import format_duration
 
 BATCH_DTYPES = {
     "ids": jnp.int32,

@@ -23,9 +23,7 @@ import hashlib
 import json
 import multiprocessing
 import os
-import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ from absl import flags, logging
 from tasks import layout
 from tasks.errors import DataError
 from tasks.pile import ReadStats, iter_documents
+from tasks.progress import Progress
 from tasks.vocab import Vocabulary, load_vocabulary
 
 FORMAT_VERSION = 1
@@ -176,17 +175,12 @@ def _write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _progress_bar(progress, sizes: list[int], stop: threading.Event) -> None:
-    total = max(sum(sizes), 1)
-    start = time.time()
+def _report_progress(progress, sizes: list[int], stop: threading.Event) -> None:
+    """Bytes of the source files tokenized so far (the workers' shared counters)."""
+    report = Progress(f"tokenizing {len(sizes)} file(s)", sum(sizes))
     while not stop.wait(0.5):
-        done = sum(progress[:])
-        rate = done / max(time.time() - start, 1e-9) / 1e6
-        sys.stderr.write(
-            f"\rprepare: {100 * done / total:5.1f}%  {done / 1e6:,.0f}/{total / 1e6:,.0f} MB  "
-            f"{rate:,.1f} MB/s "
-        )
-        sys.stderr.flush()
+        report.update(sum(progress[:]))
+    report.finish()
 
 
 def prepare(
@@ -254,7 +248,8 @@ def _prepare_missing(
     bar = None
     if show_progress:
         sizes = [os.path.getsize(f) for _, f in todo]
-        bar = threading.Thread(target=_progress_bar, args=(progress, sizes, stop), daemon=True)
+        bar = threading.Thread(target=_report_progress, args=(progress, sizes, stop),
+                               daemon=True)
         bar.start()
     try:
         if workers == 1:
@@ -274,7 +269,6 @@ def _prepare_missing(
         stop.set()
         if bar is not None:
             bar.join()
-            sys.stderr.write("\n")
 
 
 def main(argv):

@@ -21,6 +21,7 @@ from absl import flags, logging
 from tasks import layout
 from tasks.errors import DataError
 from tasks.pile import iter_documents
+from tasks.progress import Heartbeat, Progress
 
 # SentencePiece drops longer sentences; cut them instead so long lines still count.
 MAX_SENTENCE_BYTES = 4096
@@ -40,7 +41,8 @@ TRAINER_OPTIONS = dict(
 )
 
 
-def sentences(texts: Iterable[str], max_sentences: int) -> Iterator[str]:
+def sentences(texts: Iterable[str], max_sentences: int,
+              progress: Progress | None = None) -> Iterator[str]:
     """Non-empty lines of the texts, cut to MAX_SENTENCE_BYTES, at most max_sentences."""
     count = 0
     for text in texts:
@@ -50,6 +52,8 @@ def sentences(texts: Iterable[str], max_sentences: int) -> Iterator[str]:
                 continue
             yield line.encode("utf-8")[:MAX_SENTENCE_BYTES].decode("utf-8", "ignore")
             count += 1
+            if progress is not None:
+                progress.update(count)
             if count >= max_sentences:
                 return
 
@@ -68,9 +72,20 @@ def train_sentencepiece(
             f"--vocab_size={vocab_size} is too small: byte fallback needs 259 ids; use >= 260"
         )
     model = io.BytesIO()
+    # SentencePiece first reads every sentence (progress against max_sentences, an upper
+    # bound), then trains without reporting anything (a heartbeat says it is alive).
+    reading = Progress(f"vocabulary for {output.name}: reading sentences", max_sentences,
+                       unit="sentences")
+    training = Heartbeat(f"vocabulary for {output.name}: training {vocab_size} BPE pieces")
+
+    def sentences_then_training():
+        yield from sentences(texts, max_sentences, reading)
+        reading.finish()
+        training.start()
+
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(texts, max_sentences),
+            sentence_iterator=sentences_then_training(),
             model_writer=model,
             vocab_size=vocab_size,
             num_threads=num_threads or os.cpu_count() or 1,
@@ -80,6 +95,8 @@ def train_sentencepiece(
         # e.g. "Vocabulary size is smaller than required_chars. 300 vs 312."
         reason = str(e).strip().splitlines()[-1].split("] ")[-1]
         raise DataError(f"SentencePiece training for {output} failed: {reason}") from None
+    finally:
+        training.stop()
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.write_bytes(model.getvalue())

@@ -145,7 +145,8 @@ def test_layout_finds_files_sorted(tmp_path):
 def test_layout_errors_name_path_and_download_command(tmp_path):
     with pytest.raises(
         DataError,
-        match=r"pile/train does not exist; download The Pile with `python scripts_gpu/download_the_pile.py --data_dir",
+        match=r"pile/train does not exist \(nor paxml's TFDS build, .*the_pile/lm/1.0.0\); "
+              r"download The Pile with `python scripts_gpu/download_the_pile.py --data_dir",
     ):
         layout.pile_train_files(tmp_path)
     (tmp_path / "pile" / "train").mkdir(parents=True)
