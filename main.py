@@ -95,6 +95,8 @@ flags.DEFINE_integer("jax_profiler_port", None, "Start JAX's profiler server on 
 flags.DEFINE_integer("profile_start_step", None, "Trace the train steps after this step into "
                      "job_log_dir/tb (TensorBoard profile tab; a Perfetto trace beside it).")
 flags.DEFINE_integer("profile_num_steps", 3, "How many steps --profile_start_step traces.")
+flags.DEFINE_string("wandb_project", None, "Also log to this Weights & Biases project "
+                    "(needs `pip install wandb`; WANDB_MODE=offline works without a network).")
 flags.DEFINE_bool("should_log_compiles", False, "Log every JAX compilation (paxml's flag; "
                   "sets jax_log_compiles).")
 
@@ -243,7 +245,7 @@ def main(argv: list[str]) -> int:
             preemption_signal=FLAGS.preemption_signal,
             save_checkpoints=FLAGS.enable_checkpoint_saving,
             skip_broken_checkpoints=FLAGS.skip_broken_checkpoints,
-            profiler_port=FLAGS.jax_profiler_port,
+            profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
             profile_steps=(None if FLAGS.profile_start_step is None else
                            (FLAGS.profile_start_step, FLAGS.profile_num_steps)))
     return 0

@@ -9,7 +9,7 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
-from runner import checkpoints, preemption, profiling
+from runner import checkpoints, preemption, profiling, summaries
 from runner import mesh as mesh_lib
 from runner.errors import UserError
 from runner.summaries import log
@@ -120,7 +120,7 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
         restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1",
         save_checkpoints: bool = True, skip_broken_checkpoints: bool = False,
-        profiler_port: int | None = None,
+        profiler_port: int | None = None, wandb_project: str | None = None,
         profile_steps: tuple[int, int] | None = None):
     """Train or evaluate `exp`, as its graph `config` says (default: exp.run_config())."""
     experiment = f"{type(exp).__module__}.{type(exp).__name__}"
@@ -170,6 +170,9 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         resumed_step = restored.step if source[0] == checkpoint_dir else None
     if _is_primary():  # only once training is sure to start: a refused run records nothing
         record_config(job_log_dir, exp, config, resumed_step)
+        if wandb_project:
+            trainer.wandb = summaries.WandbRun(wandb_project, job_log_dir, exp.hyperparameters())
+        trainer.writer("train").hyperparameters(exp.hyperparameters())
     if profiler_port is not None:
         profiling.start_server(profiler_port)
     if profile_steps is not None:
@@ -180,7 +183,10 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         as trainer.checkpointer,
         preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
     ):
-        return trainer.train(state, input_state)
+        state = trainer.train(state, input_state)
+    if trainer.wandb is not None:
+        trainer.wandb.finish()
+    return state
 
 
 def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):

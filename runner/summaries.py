@@ -12,6 +12,8 @@ import types
 
 import jax
 
+from runner.errors import UserError
+
 # TensorBoard's writer imports TensorFlow whenever it is installed (which `.[tfds]` does),
 # costing seconds, console noise and possibly GPU memory; a `tensorboard.compat.notf`
 # module is TensorBoard's own switch to its TF-free stub (its no_tensorflow build target).
@@ -28,9 +30,9 @@ class SummaryWriter:
     must never take a GPU from JAX.
     """
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, wandb=None):
         self._writer = None
-        self.logdir = logdir
+        self.logdir, self.wandb = logdir, wandb  # wandb: a WandbRun, or None
         if jax.process_index() != 0:
             return
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -64,10 +66,51 @@ class SummaryWriter:
         with open(self._jsonl, "a") as f:
             f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
                     + "\n")
+        if self.wandb is not None:
+            name = os.path.basename(self.logdir)  # train, eval
+            self.wandb.log(step, {f"{name}/{k}": float(v) for k, v in values.items()})
+
+    def hyperparameters(self, values: dict) -> None:
+        """The run's hyperparameters for TensorBoard's HPARAMS tab (values it cannot
+        hold, such as mesh shapes, as text)."""
+        if self._writer is None:
+            return
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.hparams import summary_v2
+
+        shown = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+                 for k, v in values.items()}
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=0,
+                                               summary=summary_v2.hparams_pb(shown)))
+        self._writer.flush()
 
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
+
+
+class WandbRun:
+    """Optional Weights & Biases logging (--wandb_project), process 0 only. A resumed job
+    continues its W&B run: the run id is kept in job_log_dir/wandb_run_id."""
+
+    def __init__(self, project: str, job_log_dir: str, hyperparameters: dict):
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("--wandb_project needs the wandb package: pip install wandb") from None
+        id_path = os.path.join(job_log_dir, "wandb_run_id")
+        run_id = open(id_path).read().strip() if os.path.exists(id_path) else None
+        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=job_log_dir,
+                              name=os.path.basename(os.path.abspath(job_log_dir)),
+                              config=json.loads(json.dumps(hyperparameters)))
+        with open(id_path, "w") as f:
+            f.write(self.run.id + "\n")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=int(step))
+
+    def finish(self) -> None:
+        self.run.finish()
 
 
 def log(message: str) -> None:

@@ -108,6 +108,7 @@ class Trainer:
         self.checkpointer = None  # set by the caller (runner.checkpoints) when saving
         self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
         self.profiler = None  # set by the caller (runner.profiling) to trace chosen steps
+        self.wandb = None  # set by the caller (runner.summaries.WandbRun) to log to W&B
         self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------
@@ -205,7 +206,7 @@ class Trainer:
 
     def writer(self, name: str) -> SummaryWriter:
         if name not in self._writers:
-            self._writers[name] = SummaryWriter(f"{self.job_log_dir}/tb/{name}")
+            self._writers[name] = SummaryWriter(f"{self.job_log_dir}/tb/{name}", self.wandb)
         return self._writers[name]
 
     def make_train_input(self):

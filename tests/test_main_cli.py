@@ -15,11 +15,11 @@ TINY_FLAGS = [
 ]
 
 
-def run_main(*args, timeout=300, without_tensorflow=False):
+def run_main(*args, timeout=300, without_tensorflow=False, env=None):
     """main.py in a subprocess; `without_tensorflow` makes `import tensorflow` fail in it,
     as on GPU machines that lack it."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
+           "JAX_PLATFORMS": "cpu", **(env or {})}
     command = [sys.executable, "main.py", *args]
     if without_tensorflow:
         command = [sys.executable, "-c", "import runpy, sys; sys.modules['tensorflow'] = None; "
@@ -146,3 +146,29 @@ def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     record = json.loads((again / "hyperparameters.json").read_text())
     assert record["experiment"] == "experiments.base.BaseExperiment"
     assert (again / "checkpoints").is_dir()  # the flags of the first run are not in the graph
+
+
+def test_hparams_tab_and_weights_and_biases_offline(tmp_path):
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    job = tmp_path / "job"
+    args = ["--fdl_config=experiments.Synthetic126M", *TINY_FLAGS, "--fdl.MAX_STEPS=2",
+            "--fdl.ICI_MESH_SHAPE=[8,1,1]", "--fdl.PERCORE_BATCH_SIZE=1",
+            "--wandb_project=paxloom-test", f"--job_log_dir={job}"]
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    out = run_main(*args, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = EventAccumulator(str(job / "tb" / "train"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    assert start.hparams["NUM_LAYERS"].number_value == 2
+    assert start.hparams["ICI_MESH_SHAPE"].string_value == "[8, 1, 1]"
+    run_id = (job / "wandb_run_id").read_text().strip()
+    (run_dir,) = (job / "wandb").glob(f"offline-run-*-{run_id}")
+    assert list(run_dir.glob("*.wandb"))
+    # A resumed job logs into the same W&B run.
+    out = run_main(*args[:-2], "--fdl.MAX_STEPS=3", *args[-2:], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (job / "wandb_run_id").read_text().strip() == run_id
