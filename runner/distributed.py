@@ -30,6 +30,7 @@ import threading
 
 import jax
 
+from runner import roll_call
 from runner.errors import UserError
 
 # Cluster environments in which a launcher has started this same command several times.
@@ -76,6 +77,12 @@ def initialize(options: DistributedOptions, environ=os.environ) -> bool:
     if not should_initialize(options, environ):
         return False
     _check_flags(options)
+    if options.server_addr and options.num_hosts and options.num_hosts > 1 and (
+            options.host_idx is not None):  # indices from flags: two may collide
+        if options.host_idx == 0:
+            roll_call.start_server(options.server_addr, options.timeout_s)
+        else:
+            roll_call.report(options.server_addr, options.host_idx, options.timeout_s)
     if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in environ:
         # Cross-process collectives on CPU (tests, laptops); the GPU backend uses NCCL
         # and ignores this. gloo is jax 0.10's default, but not every release's.

@@ -274,6 +274,28 @@ def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path)
     assert elapsed < 40  # 3 s of waiting plus imports; not jax's 5-minute default
 
 
+@pytest.mark.multiprocess
+def test_two_processes_with_the_same_host_idx(tmp_path):
+    """The second process to claim an index stops with one line; the job trains."""
+    port = free_port()
+    first, second = main_py(tmp_path, 2, port, **RUN, ICI_MESH_SHAPE=[4, 1, 1],
+                            DCN_MESH_SHAPE=[2, 1, 1])
+    # Which of the two index-1 processes reports first is a race; exactly one must lose.
+    job = Job([second, second, first], [process_env(4)] * 3, tmp_path / "logs")
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    try:
+        while any(p.poll() is None for p in job.procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        job.kill()
+    codes = [p.returncode for p in job.procs]
+    assert sorted(codes[:2]) == [0, 2] and codes[2] == 0, job.tails()
+    loser = codes.index(2)
+    lines = job.stderr(loser).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: --host_idx=1 is already taken by another process"), lines
+
+
 # ----- when to start, and flag checks (no processes) -----------------------------------
 
 
