@@ -67,6 +67,8 @@ def load_vocabulary(path) -> Vocabulary:
     if not path:
         raise DataError(f"no vocabulary given; {hint}")
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"vocabulary {path} is a directory; {hint}")
     if not path.is_file():
         raise DataError(f"vocabulary {path} does not exist; {hint}")
     try:
@@ -74,7 +76,8 @@ def load_vocabulary(path) -> Vocabulary:
         vocab = Vocabulary(path, proto)
     except (OSError, RuntimeError) as e:
         raise DataError(
-            f"vocabulary {path} is not a readable SentencePiece model ({e}); {hint}"
+            f"vocabulary {path} is not a readable SentencePiece model "
+            f"({' '.join(str(e).split())}); {hint}"
         ) from None
     if vocab.eos_id < 0:
         raise DataError(

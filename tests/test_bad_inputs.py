@@ -149,7 +149,9 @@ def _exp(**overrides):
     (["--fdl.DATASET='pile'"], "DATASET='pile' needs --data_dir"),
     (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/no/such.model"],
      "/no/such.model does not exist"),
-    (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/tmp"], "vocabulary /tmp"),
+    (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/tmp"], "vocabulary /tmp is a directory"),
+    (["--fdl.DATASET='pile'", "--data_dir=/tmp", f"--vocab_path={__file__}"],
+     "is not a readable SentencePiece model"),
     (["--fdl.learning_rate=0.1"], "did you mean LEARNING_RATE?"),
     (["--fdl.loop.max_step=3"], "LoopSpec) has no field max_step (did you mean max_steps"),
 ])

@@ -130,8 +130,10 @@ def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     out = run_main("--exp=experiments.base.BaseExperiment", *flags,
                    "--fdl.loop.summary_interval_steps=1", "--noeval_on_test",
                    "--enable_checkpoint_saving=false", "--profile_start_step=1",
-                   "--profile_num_steps=2", f"--job_log_dir={first}")
+                   "--profile_num_steps=2", f"--log_dir={tmp_path / 'absl'}",
+                   f"--job_log_dir={first}")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert list((tmp_path / "absl").glob("paxloom*INFO*"))  # absl's log file
     assert "compiling the train step" in out.stdout and "eval " not in out.stdout
     assert not (first / "checkpoints").exists()
     (trace,) = (first / "tb" / "plugins" / "profile").glob("*/*.xplane.pb")

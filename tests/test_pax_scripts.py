@@ -8,6 +8,7 @@ changes make them run on a 2-core CPU: the tiny model's --fdl. overrides are app
 and the multi-node job's coordinator port is a free one instead of 12345.
 """
 
+import re
 import sys
 
 import pytest
@@ -70,6 +71,7 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     out, err = job.stdout(0), job.stderr(0)
     assert "step      4 | loss" in out and "eval lambada | accuracy" in out
     assert "note: ignoring XLA_FLAGS that this XLA no longer has" in err
+    assert re.search(r"^I\d{4} ", err, re.M)  # --alsologtostderr: absl INFO lines, as in Pax
     assert f"note: --fdl_config={CONFIGS}.Pile126M runs Paxloom's experiments.Pile126M" in err
 
     # run_lambada_singlenode.sh TFDS_DATA_DIR VOCAB_PATH LOG_DIR (no XLA_FLAGS of its own)
