@@ -17,6 +17,7 @@ ANNOUNCED = {"init": "the initial state", "_train_step": "the train step",
              "evaluate_batch": "an evaluation step"}
 _SLOW_S = 1.0
 _registered = False
+_total_seconds = 0.0  # every backend compilation since register(), for the goodput ledger
 
 
 def _on_start(event: str, value: float, **kwargs) -> None:
@@ -26,7 +27,10 @@ def _on_start(event: str, value: float, **kwargs) -> None:
 
 
 def _on_duration(event: str, seconds: float, **kwargs) -> None:
+    global _total_seconds
     name = kwargs.get("fun_name", "")
+    if event == COMPILE_EVENT:
+        _total_seconds += seconds
     if event == COMPILE_EVENT and (_bare(name) in ANNOUNCED
                                                    or seconds >= _SLOW_S):
         log(f"compiled {name} in {seconds:.1f}s")
@@ -35,6 +39,11 @@ def _on_duration(event: str, seconds: float, **kwargs) -> None:
 def _bare(name: str) -> str:
     """'jit(_train_step)' -> '_train_step'."""
     return name.removeprefix("jit(").removesuffix(")")
+
+
+def total_seconds() -> float:
+    """Seconds spent in XLA compilation by this process since register()."""
+    return _total_seconds
 
 
 def register() -> None:

@@ -9,7 +9,7 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
-from runner import checkpoints, preemption, profiling, summaries
+from runner import checkpoints, goodput, preemption, profiling, summaries
 from runner import mesh as mesh_lib
 from runner.errors import UserError
 from runner.summaries import log
@@ -173,6 +173,10 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         if wandb_project:
             trainer.wandb = summaries.WandbRun(wandb_project, job_log_dir, exp.hyperparameters())
         trainer.writer("train").hyperparameters(exp.hyperparameters())
+    # The run's wall time, from its process's start, counts in the job's goodput ledger.
+    trainer.ledger = goodput.Ledger(
+        job_log_dir, process_start=goodput.process_start_time(),
+        start_step=restored.step if source is not None else 0, primary=_is_primary())
     if profiler_port is not None:
         profiling.start_server(profiler_port)
     if profile_steps is not None:
@@ -184,6 +188,7 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
         preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
     ):
         state = trainer.train(state, input_state)
+    trainer.ledger.finish()
     if trainer.wandb is not None:
         trainer.wandb.finish()
     return state

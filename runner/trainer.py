@@ -5,6 +5,7 @@ with prefetch -> loop. The loop never waits for the device except at summary,
 evaluation and checkpoint steps, where it must read values anyway.
 """
 
+import contextlib
 import time
 
 import jax
@@ -109,6 +110,7 @@ class Trainer:
         self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
         self.profiler = None  # set by the caller (runner.profiling) to trace chosen steps
         self.wandb = None  # set by the caller (runner.summaries.WandbRun) to log to W&B
+        self.ledger = None  # set by the caller (runner.goodput.Ledger) to account wall time
         self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------
@@ -235,9 +237,12 @@ class Trainer:
         interval_start, interval_step = time.perf_counter(), step
         last_input_state = input_state
         first_step = True
+        if self.ledger is not None:
+            self.ledger.begin_loop()
         try:
             while step < loop.max_steps:
-                batch, last_input_state = next(prefetcher)
+                with self._phase("input_wait"):
+                    batch, last_input_state = next(prefetcher)
                 if self.profiler is not None:
                     self.profiler.before_step(step)
                 with self.mesh:
@@ -247,8 +252,11 @@ class Trainer:
                 step += 1
                 if self.profiler is not None:
                     self.profiler.after_step(step, metrics)
+                if self.ledger is not None:
+                    self.ledger.step(step)
                 if self.checkpointer is not None:
-                    self.checkpointer.check()
+                    with self._phase("checkpoint"):
+                        self.checkpointer.check()
                 pending.append(metrics)
                 if self.preemption is not None and self.preemption.reached(step):
                     log(f"step {step}: {self.preemption.received} received; saving a "
@@ -266,21 +274,28 @@ class Trainer:
                     pending = []
                     interval_start, interval_step = time.perf_counter(), step
                 if loop.eval_interval_steps and step % loop.eval_interval_steps == 0:
-                    self.evaluate(state["params"], step)
+                    with self._phase("evaluation"):
+                        self.evaluate(state["params"], step)
                     interval_start = time.perf_counter()
                 if self.checkpointer is not None and self.checkpointer.should_save(step):
                     self._check_finite(pending, step)
-                    self.checkpointer.save(step, state, last_input_state)
+                    with self._phase("checkpoint"):
+                        self.checkpointer.save(step, state, last_input_state)
         finally:
             prefetcher.close()
             if self.profiler is not None:
                 self.profiler.finish()
         if self.checkpointer is not None:
             self._check_finite(pending, step)
-            self.checkpointer.save(step, state, last_input_state, final=True)
+            with self._phase("checkpoint"):
+                self.checkpointer.save(step, state, last_input_state, final=True)
         for writer in self._writers.values():
             writer.flush()
         return state
+
+    def _phase(self, name: str):
+        """Account the time inside to `name` in the goodput ledger, if there is one."""
+        return self.ledger.phase(name) if self.ledger is not None else contextlib.nullcontext()
 
     def _check_finite(self, pending: list[dict], step: int) -> None:
         if not pending or self.run.loop.skip_nonfinite_steps:
@@ -320,6 +335,8 @@ class Trainer:
             scalars["skipped_nonfinite_steps"] = skipped
             line += f" | skipped {skipped} non-finite step(s)"
         log(line)
+        if self.ledger is not None:
+            scalars.update(self.ledger.scalars())
         self.writer("train").scalars(step, scalars)
 
     def evaluate(self, params, step: int, predictions_dir: str | None = None):
