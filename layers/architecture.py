@@ -1,0 +1,299 @@
+"""What a trained decoder is, in plain terms, for code that runs it outside praxis.
+
+`describe(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
+layers/llama.py, or a user's variant of them) and returns an `Architecture`: sizes,
+norms, position encoding, activation, biases, query scaling. Anything the cached
+decoder (layers/cached_lm.py) would compute differently from praxis is refused with
+`UnsupportedModel`, one line naming the setting, never approximated.
+
+`canonical_weights(params, arch)` turns praxis's parameter tree into one layout that
+hides praxis's storage conventions: norm scales are the effective multipliers (praxis
+stores `scale - 1` unless `direct_scale`), the combined QKV projection is split into
+q, k, v, the tied embedding appears as both the input embedding and the output
+projection, and repeated (scanned) layers become a list. The cached decoder and the
+Hugging Face export (tools/export_hf.py) both read this layout, so praxis's layout
+is decoded in one place. It works on numpy and jax arrays alike.
+"""
+
+import dataclasses
+
+import fiddle as fdl
+import jax.numpy as jnp
+from praxis.layers import (
+    activations,
+    attentions,
+    embedding_softmax,
+    linears,
+    models,
+    multi_query_attention,
+    normalizations,
+    transformer_models,
+    transformers,
+)
+
+from layers import attention as fused_attention
+from layers.stack import transformer_layer_template
+
+
+class UnsupportedModel(ValueError):
+    """The model has a setting that Paxloom's inference code does not reproduce."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Norm:
+    kind: str  # "layer_norm" (mean and variance) or "rms_norm"
+    epsilon: float
+    direct_scale: bool  # False: praxis stores scale - 1 and multiplies by 1 + scale
+    bias: bool
+
+
+# praxis activation class -> its name here (and, for GELU, by `approximate`).
+_ACTIVATIONS = {activations.SiLU: "silu", activations.ReLU: "relu"}
+_GELU_NAMES = {True: "gelu_tanh", False: "gelu"}
+# Attention classes whose maths is DotProductAttention's (the fused one only swaps kernels).
+_DOT_PRODUCT_ATTENTIONS = (attentions.DotProductAttention,
+                           fused_attention.FusedDotProductAttention)
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    num_layers: int
+    model_dims: int
+    hidden_dims: int
+    num_heads: int
+    num_kv_heads: int  # == num_heads without grouped-query attention
+    dims_per_head: int
+    vocab_size: int
+    attention_norm: Norm
+    mlp_norm: Norm
+    final_norm: Norm | None
+    positions: str  # "learned" (a table added to the embedding) or "rotary"
+    max_positions: int | None  # rows of the learned table
+    rope_min_timescale: float | None
+    rope_max_timescale: float | None
+    activation: str  # "gelu_tanh", "gelu", "silu" or "relu"
+    gated_mlp: bool  # act(x @ gate) * (x @ up) instead of act(x @ up)
+    attention_bias: bool  # q, k, v and output projections have biases
+    mlp_bias: bool
+    unembed_bias: bool  # the output projection has a bias
+    tied_embedding: bool  # the output projection is the embedding table, transposed
+    embedding_scale: float  # the looked-up embedding is multiplied by this
+    query_scale: float  # queries are multiplied by this before the dot product
+    repeated: bool  # layers stored stacked (StackedTransformerRepeated)
+    fprop_dtype: str
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise UnsupportedModel(what)
+
+
+def _cls(config) -> type:
+    return fdl.get_callable(config)
+
+
+def _norm(config, where: str) -> Norm:
+    cls = _cls(config)
+    if cls is normalizations.LayerNorm:
+        _require(config.use_scale, f"{where}: LayerNorm without a scale")
+        return Norm("layer_norm", float(config.epsilon), bool(config.direct_scale),
+                    bool(config.use_bias))
+    if cls is normalizations.RmsNorm:
+        _require(config.intermediate_dtype is None, f"{where}: RmsNorm with intermediate_dtype")
+        return Norm("rms_norm", float(config.epsilon), bool(config.direct_scale), False)
+    raise UnsupportedModel(f"{where} is {cls.__name__}; only LayerNorm and RmsNorm are known")
+
+
+def _activation(config, where: str) -> str:
+    cls = _cls(config)
+    if cls is activations.GELU:
+        return _GELU_NAMES[bool(config.approximate)]
+    if cls in _ACTIVATIONS:
+        return _ACTIVATIONS[cls]
+    raise UnsupportedModel(f"{where} is {cls.__name__}; known: GELU, SiLU, ReLU")
+
+
+def describe(model) -> Architecture:
+    """The Architecture of a praxis LanguageModel config; UnsupportedModel for what the
+    cached decoder does not reproduce exactly."""
+    _require(_cls(model) is models.LanguageModel,
+             f"the model is {_cls(model).__name__}, not a praxis LanguageModel")
+    _require(model.model_type == transformer_models.LanguageModelType.CAUSAL,
+             f"the model is {model.model_type}, not a causal language model")
+    lm = model.lm_tpl
+    _require(_cls(lm) is transformer_models.TransformerLm, f"lm_tpl is {_cls(lm).__name__}")
+    _require(lm.ngrammer_tpl is None, "the model has an n-grammer layer")
+
+    stack = lm.stacked_transformer_tpl
+    repeated = issubclass(_cls(stack), transformers.StackedTransformerRepeated)
+    num_layers = stack.x_times if repeated else stack.num_layers
+    block = stack.block if repeated else stack
+    _require(not repeated or block.num_layers == 1, "the repeated block has several layers")
+    _require(_cls(block) is transformers.StackedTransformer,
+             f"the layer stack is {_cls(block).__name__}")
+    _require(block.mask_self_attention, "self-attention is not causal (mask_self_attention)")
+    _require(not block.use_cross_attention, "the layers have cross-attention")
+    _require(not block.num_experts, "the layers are mixture-of-experts")
+    _require(not block.ngrammer_tpls, "the layers have n-grammers")
+    layer = transformer_layer_template(stack)
+    _require(not isinstance(layer, (list, tuple)), "the layers differ from one another")
+    _require(_cls(layer) is transformers.Transformer, f"the layer is {_cls(layer).__name__}")
+    _require(layer.norm_policy == "pre", f"norm_policy={layer.norm_policy!r}; only 'pre'")
+    _require(layer.ngrammer_tpl is None, "the layers have an n-grammer")
+
+    num_heads = block.num_heads
+    dims_per_head = block.dim_per_head or block.model_dims // num_heads  # praxis's default
+    atten = layer.tr_atten_tpl
+    if issubclass(_cls(atten), multi_query_attention.MultiQueryDotProductAttention):
+        _require(_cls(atten) is multi_query_attention.MultiQueryDotProductAttention,
+                 f"attention is {_cls(atten).__name__}")
+        num_kv_heads = atten.num_kv_heads
+        by_head_dim = atten.scale_query_by_dim_per_head
+    else:
+        _require(_cls(atten) in _DOT_PRODUCT_ATTENTIONS, f"attention is {_cls(atten).__name__}")
+        num_kv_heads = num_heads
+        _require(not atten.internal_enable_per_dim_scale,
+                 "attention has a learned per-dimension query scale (per_dim_scale)")
+        _require(atten.internal_enable_query_scale, "attention does not scale queries")
+        _require(not atten.scale_logits_by_head_dims, "attention scales logits by head dims")
+        _require(not atten.dconv_qkv, "attention has depthwise convolutions (dconv_qkv)")
+        _require(atten.ln_tpl is None, "attention normalises queries and keys (ln_tpl)")
+        _require(not atten.output_proj_use_nhd_shape, "attention's output projection is NHD")
+        by_head_dim = atten.scale_query_by_dim_per_head
+    _require(atten.relative_bias_tpl is None, "attention has a relative position bias")
+    _require(not atten.atten_logit_cap or atten.atten_logit_cap <= 0,
+             f"attention caps logits (atten_logit_cap={atten.atten_logit_cap})")
+    _require(atten.attention_extra_logit is None, "attention has an extra logit")
+    # praxis scales queries by the head size, or by model_dims // num_heads (_scale_query).
+    query_scale = float(dims_per_head if by_head_dim else block.model_dims // num_heads) ** -0.5
+
+    positions, max_positions, rope_min, rope_max = None, None, None, None
+    if atten.use_rotary_position_emb:
+        rope = atten.rotary_position_emb_tpl
+        _require(_cls(rope) is embedding_softmax.RotaryPositionalEmbedding,
+                 f"rotary position embedding is {_cls(rope).__name__}")
+        positions, rope_min, rope_max = "rotary", float(rope.min_timescale), float(
+            rope.max_timescale)
+    if lm.position_emb_tpl is not None:
+        _require(positions is None, "the model has both learned and rotary positions")
+        _require(_cls(lm.position_emb_tpl) is embedding_softmax.TrainablePositionalEmbedding,
+                 f"position embedding is {_cls(lm.position_emb_tpl).__name__}")
+        positions, max_positions = "learned", lm.position_emb_tpl.max_seq_length
+    _require(positions is not None, "the model has no position information")
+
+    ffn = layer.tr_fflayer_tpl
+    _require(_cls(ffn) is transformers.TransformerFeedForward,
+             f"the feed-forward layer is {_cls(ffn).__name__}")
+    _require(ffn.norm_policy == "pre", f"feed-forward norm_policy={ffn.norm_policy!r}")
+    _require(ffn.add_skip_connection and ffn.residual_weight == 1.0,
+             "the feed-forward residual is not plain x + f(x)")
+    _require(_cls(ffn.fflayer_tpl) is linears.FeedForward,
+             f"the feed-forward projection is {_cls(ffn.fflayer_tpl).__name__}")
+
+    softmax = lm.softmax_tpl
+    tied = _cls(softmax) is embedding_softmax.SharedEmbeddingSoftmax
+    _require(tied or _cls(softmax) is embedding_softmax.FullSoftmax,
+             f"the softmax is {_cls(softmax).__name__}")
+    _require(not softmax.soft_cap_logits, f"logits are soft-capped ({softmax.soft_cap_logits})")
+    _require(not softmax.scale_before_logits, "the softmax scales its input (scale_before_logits)")
+    _require(softmax.feed_forward_tpl is not None, "the softmax has no output projection")
+    if tied:
+        _require(lm.separate_embedding_tpl is None, "a tied softmax and a separate embedding")
+        embedding = softmax
+    else:
+        embedding = lm.separate_embedding_tpl
+        _require(embedding is not None and _cls(embedding) is embedding_softmax.Embedding,
+                 "an untied softmax needs a separate praxis Embedding")
+    embedding_scale = float(block.model_dims) ** 0.5 if embedding.scale_sqrt_depth else 1.0
+
+    return Architecture(
+        num_layers=num_layers, model_dims=block.model_dims, hidden_dims=block.hidden_dims,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, dims_per_head=dims_per_head,
+        vocab_size=lm.vocab_size,
+        attention_norm=_norm(layer.ln_tpl, "the attention norm"),
+        mlp_norm=_norm(ffn.ln_tpl, "the feed-forward norm"),
+        final_norm=None if lm.final_ln_tpl is None else _norm(lm.final_ln_tpl, "the final norm"),
+        positions=positions, max_positions=max_positions,
+        rope_min_timescale=rope_min, rope_max_timescale=rope_max,
+        activation=_activation(ffn.activation_tpl, "the feed-forward activation"),
+        gated_mlp=bool(ffn.use_gated_activation), attention_bias=bool(atten.use_bias),
+        mlp_bias=bool(ffn.has_bias), unembed_bias=bool(softmax.feed_forward_tpl.has_bias),
+        tied_embedding=tied,
+        embedding_scale=embedding_scale, query_scale=query_scale, repeated=repeated,
+        fprop_dtype=jnp.dtype(model.fprop_dtype).name,
+    )
+
+
+# ----- weights -------------------------------------------------------------------------
+
+
+def _norm_weights(params: dict, norm: Norm) -> dict:
+    scale = params["scale"] if norm.direct_scale else params["scale"] + 1
+    return {"scale": scale, "bias": params["bias"]} if norm.bias else {"scale": scale}
+
+
+def _linear(params: dict, prefix: str, out: dict, name: str) -> None:
+    """praxis FeedForward {linear: {w}, bias: {b}} -> out[name], out[name_bias]."""
+    out[name] = params[prefix]["linear"]["w"]
+    if "bias" in params[prefix]:
+        out[f"{name}_bias"] = params[prefix]["bias"]["b"]
+
+
+def _attention_weights(params: dict, arch: Architecture, out: dict) -> None:
+    if "combined_qkv" in params:  # w [3, D, N, H], b [3, N, H]
+        for i, name in enumerate("qkv"):
+            out[name] = params["combined_qkv"]["w"][i]
+            if "b" in params["combined_qkv"]:
+                out[f"{name}_bias"] = params["combined_qkv"]["b"][i]
+    else:  # query/key/value w [D, heads, H]; a single key/value head is stored as [D, H]
+        for name, praxis_name in (("q", "query"), ("k", "key"), ("v", "value")):
+            heads = arch.num_heads if name == "q" else arch.num_kv_heads
+            w = params[praxis_name]["w"]
+            out[name] = w.reshape(arch.model_dims, heads, arch.dims_per_head)
+            if "b" in params[praxis_name]:
+                out[f"{name}_bias"] = params[praxis_name]["b"].reshape(heads, arch.dims_per_head)
+    out["o"] = params["post"]["w"]  # [D, N, H]: out = einsum('...NH,DNH->...D')
+    if "b" in params["post"]:
+        out["o_bias"] = params["post"]["b"]
+
+
+def _layer_weights(params: dict, arch: Architecture) -> dict:
+    """One layer's canonical weights: attention_norm {scale, bias?}, q/k/v [D, heads, H]
+    (+ _bias [heads, H]), o [D, N, H] (+ o_bias [D]), mlp_norm, up [D, F], gate [D, F]
+    (gated only), down [F, D] (+ _bias)."""
+    out = {"attention_norm": _norm_weights(params["layer_norm"], arch.attention_norm)}
+    _attention_weights(params["self_attention"], arch, out)
+    ff = params["ff_layer"]
+    out["mlp_norm"] = _norm_weights(ff["layer_norm"], arch.mlp_norm)
+    _linear(ff, "ffn_layer1", out, "up")
+    if arch.gated_mlp:  # praxis applies the activation to ffn_layer1_gate, not ffn_layer1
+        _linear(ff, "ffn_layer1_gate", out, "gate")
+    _linear(ff, "ffn_layer2", out, "down")
+    return out
+
+
+def canonical_weights(params: dict, arch: Architecture) -> dict:
+    """praxis params ({'lm': ...}) -> {embed [V, D], positions [S, D] (learned only),
+    final_norm, unembed [D, V], unembed_bias [V]?, layers: [per-layer dicts]}."""
+    lm = params["lm"]
+    logits_ffn = lm["softmax"]["logits_ffn"]
+    out = {"unembed": logits_ffn["linear"]["w"]}  # [D, V]
+    if "bias" in logits_ffn:
+        out["unembed_bias"] = logits_ffn["bias"]["b"]
+    out["embed"] = out["unembed"].T if arch.tied_embedding else lm["embedding_lookup"]["emb_var"]
+    if arch.positions == "learned":
+        out["positions"] = lm["position_emb"]["emb_var"]
+    if arch.final_norm is not None:
+        out["final_norm"] = _norm_weights(lm["final_ln"], arch.final_norm)
+    stack = lm["transformer"]
+    if arch.repeated:  # one layer's tree with every leaf stacked [L, ...]
+        stacked = stack["repeat"]["sub"]["x_layers_0"]
+        per_layer = [_index(stacked, i) for i in range(arch.num_layers)]
+    else:
+        per_layer = [stack[f"x_layers_{i}"] for i in range(arch.num_layers)]
+    out["layers"] = [_layer_weights(p, arch) for p in per_layer]
+    return out
+
+
+def _index(tree: dict, i: int) -> dict:
+    return {k: _index(v, i) if isinstance(v, dict) else v[i] for k, v in tree.items()}

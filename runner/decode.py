@@ -1,0 +1,245 @@
+"""--mode=decode: continue prompts with a trained model, from its checkpoint.
+
+Prompts come from --prompt (repeatable) and --prompts_file (one per line, or a .jsonl file
+of {"prompt": ...} objects). Each is encoded as training encoded documents (EOS first: it
+plays BOS, tasks/packing.py), cut from the left to the model's context (MAX_SEQ_LEN), and
+continued by runner/generate.py in batches of --decode_batch_size. Continuations go to the
+console and, with token counts and speed, to job_log_dir/decode_outputs.jsonl.
+
+An experiment without a vocabulary (DATASET="synthetic") reads and writes token ids:
+--prompt="5 7 9".
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from runner import inference
+from runner.errors import UserError
+from runner.generate import STOPPED, SamplingOptions, make_generate
+from runner.summaries import log
+
+OUTPUTS_FILE = "decode_outputs.jsonl"
+# Prompt lengths are padded up to a multiple of this, so batches of similar prompts share
+# one compiled program.
+PROMPT_LENGTH_BUCKET = 16
+
+
+def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
+    """--prompt values, then the prompts of --prompts_file; UserError if there are none."""
+    texts = list(prompts)
+    if prompts_file:
+        if not os.path.isfile(prompts_file):
+            raise UserError(f"--prompts_file={prompts_file}: no such file")
+        try:
+            with open(prompts_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"--prompts_file={prompts_file}: cannot read it as UTF-8 text "
+                            f"({error})") from None
+        jsonl = prompts_file.endswith(".jsonl")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            if not jsonl:
+                texts.append(line)
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UserError(f"--prompts_file={prompts_file}, line {number}: not JSON "
+                                f"({error.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise UserError(f"--prompts_file={prompts_file}, line {number}: expected an "
+                                f'object with a "prompt" string')
+            texts.append(record["prompt"])
+    if not texts:
+        raise UserError("--mode=decode needs prompts: --prompt=\"...\" (repeatable) or "
+                        "--prompts_file=FILE")
+    return texts
+
+
+class TokenIds:
+    """The 'vocabulary' of a model trained on token ids: prompts are ids separated by spaces."""
+
+    eos_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            ids = [int(word) for word in text.split()]
+        except ValueError:
+            raise UserError(f"prompt {text!r}: this experiment trains on token ids and has no "
+                            f"vocabulary; write prompts as ids (--prompt=\"5 7 9\"), or pass "
+                            f"--vocab_path") from None
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise UserError(f"prompt {text!r}: token ids must be in [0, {self.vocab_size})")
+        return ids
+
+    def continuation(self, prompt_ids: list[int], ids: list[int]) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+class TextVocabulary:
+    """A SentencePiece vocabulary (tasks/vocab.py) as decode uses it."""
+
+    def __init__(self, vocab):
+        self.vocab, self.eos_id = vocab, vocab.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return [self.eos_id] + self.vocab.encode(text)  # as every training document starts
+
+    def continuation(self, prompt_ids: list[int], ids: list[int]) -> str:
+        # Decoded together with the prompt: SentencePiece drops a leading space from a
+        # text's first piece, which would glue the continuation to the prompt. (The EOS
+        # that starts a prompt decodes to nothing.)
+        prompt = self.vocab.decode(prompt_ids)
+        whole = self.vocab.decode(prompt_ids + ids)
+        return whole[len(prompt):] if whole.startswith(prompt) else self.vocab.decode(ids)
+
+
+def run(exp, config, *, job_log_dir: str, prompts: list[str], prompts_file: str | None = None,
+        max_decode_steps: int = 64, options: SamplingOptions | None = None,
+        batch_size: int = 16, vocab_path: str | None = None,
+        restore_checkpoint_dir: str | None = None,
+        restore_checkpoint_step: int | None = None) -> list[dict]:
+    """Continue every prompt with experiment `exp`'s model (its run graph `config`); print
+    the continuations, write decode_outputs.jsonl, return its records."""
+    options = options or SamplingOptions()
+    _check_limits(max_decode_steps, batch_size)
+    texts = read_prompts(prompts, prompts_file)
+    model = inference.load(exp, config, job_log_dir, what="--mode=decode",
+                           restore_checkpoint_dir=restore_checkpoint_dir,
+                           restore_checkpoint_step=restore_checkpoint_step,
+                           vocab_path=vocab_path)
+    records = continue_prompts(model, texts, max_decode_steps=max_decode_steps,
+                               options=options, batch_size=batch_size)
+    _show(records)
+    if jax.process_index() == 0:
+        path = os.path.join(job_log_dir, OUTPUTS_FILE)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        except OSError as error:
+            raise UserError(f"cannot write {path} ({error.strerror}); the continuations are "
+                            f"printed above") from None
+        log(f"wrote {len(records)} continuation(s) to {path}")
+    return records
+
+
+def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
+                     max_decode_steps: int, options: SamplingOptions,
+                     batch_size: int = 16) -> list[dict]:
+    """One record per prompt: its continuation, token count, speed and why it stopped."""
+    _check_limits(max_decode_steps, batch_size)
+    tokenizer = (TokenIds(model.arch.vocab_size) if model.vocab is None
+                 else TextVocabulary(model.vocab))
+    encoded = [_fit_context(i, tokenizer.encode(text), model.max_seq_len)
+               for i, text in enumerate(texts)]
+    log(f"decoding {len(texts)} prompt(s) with step {model.step} of {model.checkpoint}: "
+        f"{_describe(options)}, at most {max_decode_steps} tokens each")
+    steps = min(max_decode_steps, model.max_seq_len)  # a prompt has at least one token
+    batch = min(batch_size, len(texts))  # every batch the same size: one program
+    records, elapsed = [], 0.0
+    for start in range(0, len(texts), batch):
+        rows = list(range(start, min(start + batch, len(texts))))
+        prompt_len = min(-(-max(len(encoded[r]) for r in rows) // PROMPT_LENGTH_BUCKET)
+                         * PROMPT_LENGTH_BUCKET, model.max_seq_len)
+        prompts = np.zeros((batch, prompt_len), np.int32)  # left-padded with 0
+        lengths = np.ones(batch, np.int32)  # rows past the last prompt: one padding token
+        for i, r in enumerate(rows):
+            prompts[i, prompt_len - len(encoded[r]):] = encoded[r]
+            lengths[i] = len(encoded[r])
+        inputs = (model.params, prompts, lengths, np.arange(start, start + batch, dtype=np.int32),
+                  np.int32(options.seed))
+        program = _program(model, inputs, steps=steps, eos_id=tokenizer.eos_id, options=options)
+        began = time.perf_counter()
+        with model.mesh:
+            tokens = np.asarray(jax.device_get(jax.block_until_ready(program(*inputs))))
+        seconds = time.perf_counter() - began
+        elapsed += seconds
+        for i, r in enumerate(rows):
+            records.append(_record(texts[r], encoded[r], tokens[i], tokenizer, seconds,
+                                   max_decode_steps, model.step))
+    total = sum(r["tokens"] for r in records)
+    log(f"generated {total} tokens in {elapsed:.2f}s: {total / elapsed:,.1f} tokens/s "
+        f"(compilation excluded)")
+    return records
+
+
+def _check_limits(max_decode_steps: int, batch_size: int) -> None:
+    if max_decode_steps < 1:
+        raise UserError(f"--max_decode_steps={max_decode_steps}: must be at least 1")
+    if batch_size < 1:
+        raise UserError(f"--decode_batch_size={batch_size}: must be at least 1")
+
+
+def _program(model: inference.InferenceModel, inputs: tuple, *, steps: int,
+             eos_id: int | None, options: SamplingOptions):
+    """The compiled generation program for these input shapes, compiled once per model."""
+    batch, prompt_len = inputs[1].shape
+    key = (batch, prompt_len, steps, eos_id, dataclasses.replace(options, seed=0))
+    if key not in model.programs:
+        began = time.perf_counter()
+        generate = make_generate(
+            model.arch, mesh=model.mesh, param_shardings=model.param_shardings, batch=batch,
+            prompt_len=prompt_len, steps=steps, max_seq_len=model.max_seq_len, eos_id=eos_id,
+            options=options)
+        with model.mesh:
+            model.programs[key] = generate.lower(*inputs).compile()
+        log(f"compiled generation for {batch} x {prompt_len}-token prompts in "
+            f"{time.perf_counter() - began:.1f}s")
+    return model.programs[key]
+
+
+def _fit_context(index: int, ids: list[int], max_seq_len: int) -> list[int]:
+    """The prompt's last MAX_SEQ_LEN tokens (the model's context), saying so when cut."""
+    if not ids:
+        raise UserError(f"prompt {index} is empty")
+    if len(ids) > max_seq_len:
+        log(f"prompt {index}: {len(ids)} tokens, cut from the left to the last {max_seq_len} "
+            f"(MAX_SEQ_LEN)")
+        return ids[-max_seq_len:]
+    return ids
+
+
+def _record(text: str, prompt_ids: list[int], row: np.ndarray, tokenizer, seconds: float,
+            max_decode_steps: int, step: int) -> dict:
+    ids = [int(t) for t in row if t != STOPPED]
+    if ids and tokenizer.eos_id is not None and ids[-1] == tokenizer.eos_id:
+        ids, stop = ids[:-1], "eos"
+    elif len(ids) < max_decode_steps:
+        stop = "max_seq_len"  # the context was full
+    else:
+        stop = "max_decode_steps"
+    return {
+        "prompt": text,
+        "continuation": tokenizer.continuation(prompt_ids, ids),
+        "tokens": len(ids),
+        "tokens_per_s": round(len(ids) / seconds, 2) if seconds > 0 else None,
+        "stop": stop,
+        "prompt_tokens": len(prompt_ids),
+        "checkpoint_step": step,
+    }
+
+
+def _describe(options: SamplingOptions) -> str:
+    if options.greedy:
+        return "greedy"
+    limits = [f"top_k {options.top_k}"] if options.top_k else []
+    limits += [f"top_p {options.top_p}"] if options.top_p < 1 else []
+    return ", ".join([f"sampling at temperature {options.temperature}", *limits,
+                      f"seed {options.seed}"])
+
+
+def _show(records: list[dict]) -> None:
+    for i, r in enumerate(records):
+        log(f"--- [{i}] {r['prompt']}")
+        log(f"{r['continuation']}")
+        log(f"    ({r['tokens']} tokens, {r['tokens_per_s']} tokens/s, stopped: {r['stop']})")
