@@ -170,6 +170,11 @@ def setup_logging() -> None:
     (otherwise warnings only, so the console stays Paxloom's own lines)."""
     absl_logging.use_absl_handler()
     if FLAGS.log_dir:
+        try:
+            os.makedirs(FLAGS.log_dir, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"--log_dir={FLAGS.log_dir}: cannot create it "
+                            f"({error.strerror})") from None
         absl_logging.get_absl_handler().start_logging_to_file(program_name="paxloom",
                                                               log_dir=FLAGS.log_dir)
     if not (FLAGS.alsologtostderr or FLAGS.logtostderr or FLAGS["verbosity"].present):

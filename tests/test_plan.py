@@ -1,0 +1,229 @@
+"""--mode=plan (runner/plan.py, runner/hlo_text.py): tiny plans on the 8 fake CPU devices,
+the fit verdict and its re-planned changes, and the plan against a real run."""
+
+import dataclasses
+import re
+
+import jax
+import pytest
+
+import experiments
+from runner import hlo_text, plan
+from tests.helpers import TINY, make_trainer
+from tests.test_main_cli import run_main
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+# Big enough that activations, not the state, dominate the step's memory.
+MEASURED = dict(ICI_MESH_SHAPE=[2, 2, 2], PERCORE_BATCH_SIZE=8, MAX_SEQ_LEN=128)
+
+
+def tiny(**overrides):
+    exp = experiments.BaseExperiment(**{**TINY, **overrides})
+    return exp, exp.run_config()
+
+
+@pytest.fixture(scope="module")
+def measured_plan():
+    return plan.plan(*tiny(**MEASURED))
+
+
+def test_tiny_plan_counts_the_model_and_its_sharded_state(measured_plan, tmp_path):
+    p = measured_plan
+    assert (p.num_devices, p.global_batch, p.seq_len) == (8, 64, 128)
+    assert p.mesh_shape == {"replica": 2, "data": 2, "mdl": 2}
+    trainer = make_trainer(tmp_path, **MEASURED)
+    assert p.num_params == trainer.num_params
+    assert p.flops_per_token == trainer.flops_per_token
+    m = p.memory
+    # 4-byte weights split 4 ways (data x mdl), replicated over replica (norm scales and
+    # biases are not all split): about one byte per parameter. Adam has two moments of each.
+    assert m.params == pytest.approx(p.num_params, rel=0.1)
+    assert m.opt_state == pytest.approx(2 * m.params, rel=1e-3)
+    # XLA's arguments are exactly the sharded state and batch; the donated state is reused.
+    assert m.arguments == m.state + m.batch
+    assert m.state - m.params - m.opt_state == 4  # the step counter
+    assert m.aliased >= m.params + m.opt_state
+    assert m.peak > m.analytic_floor
+
+
+def test_tiny_plan_finds_each_collective_on_its_mesh_axis(measured_plan):
+    by_axes = {(t.op, t.axes): t for t in measured_plan.traffic}
+    # FSDP: weights are gathered over data; data parallelism: gradients summed over
+    # replica; tensor parallelism: activations reduced over mdl. All within one node.
+    assert ("all-gather", ("data",)) in by_axes
+    assert ("all-reduce", ("replica",)) in by_axes
+    assert ("all-reduce", ("mdl",)) in by_axes
+    assert {t.links for t in measured_plan.traffic} == {"ICI"}
+    gradients = by_axes[("all-reduce", ("replica",))]
+    # The gradient of every weight crosses replica once: the state's float32 parameters.
+    assert gradients.buffer_bytes >= measured_plan.memory.params
+    assert gradients.sent_bytes == pytest.approx(gradients.buffer_bytes)  # 2(n-1)/n, n=2
+
+
+def test_planned_program_is_the_one_that_runs_and_its_peak_matches(measured_plan, tmp_path):
+    trainer = make_trainer(tmp_path, **MEASURED)
+    state = trainer.init_state()
+    batch = trainer.to_device(trainer.make_train_input().next_batch())
+    with trainer.mesh:
+        ran = trainer.train_step.lower(state, batch).compile()
+    before = _resident_after_reset()
+    _, metrics = ran(state, batch)
+    jax.block_until_ready(metrics)
+    high_water = _peak_resident()
+    assert _program(ran) == _program(measured_plan.compiled)
+    stats = ran.memory_analysis()
+    measured = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+                - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+    assert measured == pytest.approx(measured_plan.memory.peak, rel=0.2)
+    if before is not None:
+        # Independently of XLA's analysis: the 8 devices' step grew this process by about
+        # what the plan says each needs beyond its state (XLA:CPU's kernels and in-process
+        # collectives add scratch memory the analysis does not count, hence the upper slack).
+        grown = (high_water - before) / 8
+        planned = measured_plan.memory.peak - measured_plan.memory.arguments
+        assert 0.8 * planned <= grown <= 1.5 * planned, (grown, planned)
+
+
+def test_verdict_and_candidate_changes(measured_plan):
+    p = measured_plan
+    assert plan.fits(p, p.memory.peak) and not plan.fits(p, p.memory.peak - 1)
+    remat, batch, fsdp = plan.candidate_changes(dataclasses.replace(p, hyperparameters={
+        **p.hyperparameters, "CHECKPOINT_POLICY": "none", "DCN_MESH_SHAPE": [2, 1, 1]})).values()
+    assert [c["CHECKPOINT_POLICY"] for c, _ in remat] == list(plan.REMAT_LADDER[1:])
+    # 8 devices and 4 batch shards (replica x data): halve down to 4 sequences per step.
+    assert [c["PERCORE_BATCH_SIZE"] for c, _ in batch] == [4, 2, 1, 0.5]
+    assert [c for c, _ in fsdp] == [{"ICI_MESH_SHAPE": [1, 4, 2]},
+                                    {"ICI_MESH_SHAPE": [1, 4, 2], "DCN_MESH_SHAPE": [1, 2, 1]}]
+
+
+HLO = """\
+HloModule m
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %ag = f32[64]{0} all-gather(%x), channel_id=1, replica_groups=[4,2]<=[4,2]T(1,0), dimensions={0}
+  %ar = bf16[16]{0} all-reduce(%y), channel_id=2, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, to_apply=%add
+}
+
+%wrapped_convert (p0: bf16[4,8]) -> f32[4,8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  ROOT %c0 = f32[4,8]{1,0} convert(%p0)
+}
+
+%fused_add (p1: bf16[4,8]) -> f32[4,8] {
+  %p1 = bf16[4,8]{1,0} parameter(0)
+  %c1 = f32[4,8]{1,0} convert(%p1)
+  ROOT %a1 = f32[4,8]{1,0} add(%c1, %c1)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %b = bf16[4,8]{1,0} parameter(0)
+  %up = f32[4,8]{1,0} fusion(%b), kind=kLoop, calls=%wrapped_convert
+  %sum = f32[4,8]{1,0} fusion(%b), kind=kLoop, calls=%fused_add
+  %up2 = f32[8,4]{1,0} convert(%b2)
+  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %odd = f32[6]{0} all-to-all(%o), channel_id=6, replica_groups=someday
+  %rs = f32[4]{0} reduce-scatter(%z), channel_id=3, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %ar2 = (f32[2], pred[]) all-reduce(%u, %v), channel_id=4, replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, to_apply=%add
+  %cp = f32[10]{0} collective-permute(%q), channel_id=5, source_target_pairs={{0,4},{4,0},{1,1}}
+}
+"""
+
+
+def test_collectives_read_every_replica_group_form_and_loop_counts():
+    # Mesh replica=1 x data=4 x mdl=2; data is ICI 2 x DCN 2 (positions 0,1 | 2,3).
+    traffic = hlo_text.step_traffic(HLO, {"replica": 1, "data": 4, "mdl": 2},
+                                       [1, 2, 2], [1, 2, 1])
+    got = {(t.op, t.axes): t for t in traffic}
+    # Inside the loop: counted once per iteration. [4,2]<=[4,2]T(1,0) = {0,2},{4,6},{1,3},..
+    gather = got[("all-gather", ("data",))]
+    assert (gather.count, gather.group_size, gather.links) == (3, 2, "ICI")
+    assert gather.buffer_bytes == 3 * 256 and gather.sent_bytes == 3 * 128
+    # In the loop, iota ids on [4,2] varying the last axis: mdl, 3 x 32 bytes. In the entry,
+    # device_ids [4,2]T(1,0) = 0,2,4,6,1,3,5,7 laid on [2,4], varying axis_0: pairs 0-1, 2-3,
+    # ..., mdl again: a tuple of 8 + 1 bytes. Two devices: a ring sends the buffer once.
+    reduce = got[("all-reduce", ("mdl",))]
+    assert (reduce.count, reduce.buffer_bytes, reduce.sent_bytes) == (4, 105, 105)
+    scatter = got[("reduce-scatter", ("data", "mdl"))]  # {} of all 8: a shard of 4 floats
+    assert (scatter.links, scatter.buffer_bytes, scatter.sent_bytes) == ("ICI+DCN", 128, 112)
+    permute = got[("collective-permute", ("data",))]  # 0 <-> 4: data position 0 <-> 2
+    assert (permute.links, permute.sent_bytes) == ("DCN", 40)
+    # A form of groups this parser does not know still counts its bytes, on no axis.
+    unread = got[("all-to-all", ())]
+    assert (unread.links, unread.group_size, unread.sent_bytes) == ("?", 0, 24)
+
+
+def test_upcast_copies_are_whole_bfloat16_arrays_made_float32_outside_fusions():
+    # %up converts %b whole; %sum is a fusion that does more than convert; the convert
+    # inside %fused_add is no array in memory; %up2's operand is not in the program.
+    assert hlo_text.upcast_copies(HLO) == [("f32[4,8]", 128)]
+
+
+def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
+        measured_plan, monkeypatch):
+    # The experiment of measured_plan, so the subprocess finds its step in this module's
+    # compilation cache; on a device on which that plan misses by 10%.
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir)
+    memory_gb = 0.9 * measured_plan.memory.peak / plan.DEFAULT_MEM_FRACTION / 1e9
+    assert not plan.fits(measured_plan,
+                         plan.memory_budget(plan.DEVICE_KINDS["a100-40gb"], memory_gb))
+    flags = [f"--fdl.{k}={v!r}" for k, v in {**TINY, **MEASURED}.items()]
+    out = run_main("--fdl_config=experiments.base.BaseExperiment", *flags, "--mode=plan",
+                   "--plan_device=a100-40gb", f"--plan_device_memory_gb={memory_gb}")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for line in ("Plan: experiments.base.BaseExperiment on 8 devices", "FLOPs per token",
+                 "peak (arguments + outputs - donated + temps)",
+                 "Speed on 8 x A100 40GB at an assumed MFU of 40%",
+                 "none recorded for BaseExperiment", "Caveats"):
+        assert line in text, line
+    assert re.search(r"all-gather +data +ICI", text)
+    assert re.search(r"A100 40GB \(given .* GB\) .* does not fit: .* over", text)
+    assert re.search(r"H200 141GB .* fits: ", text)
+    # Each kind of change re-planned: save_nothing already; half the batch fits (activations
+    # dominate), so a quarter is not tried; the replica axis moved into FSDP.
+    assert "rematerialisation (CHECKPOINT_POLICY): none to try" in text
+    assert "--fdl.PERCORE_BATCH_SIZE=4: fits:" in text
+    assert "PERCORE_BATCH_SIZE=2" not in text
+    assert re.search(r"--fdl.ICI_MESH_SHAPE=\[1,4,2\]: (fits|does not fit)", text)
+
+
+def test_plan_user_errors_are_one_line():
+    out = run_main("--fdl_config=experiments.Tiny", "--mode=plan", "--plan_device=h300")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--plan_device=h300: one of h100, h200, a100-80gb" in lines[0]
+    out = run_main("--fdl_config=experiments.Tiny", "--mode=plan", "--fdl.NUM_HEADS=3",
+                   "--fdl.ICI_MESH_SHAPE=[1,1,2]")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not split over mesh axes mdl" in lines[0], out.stderr
+
+
+def _program(compiled) -> list[str]:
+    """The compiled program's instructions without their source-location metadata."""
+    return [re.sub(r",? metadata=\{.*?\}(?=,|$)", "", line)
+            for line in compiled.as_text().splitlines() if " = " in line]
+
+
+def _resident_after_reset() -> int | None:
+    """Current resident bytes, after resetting the high-water mark (None where Linux's
+    /proc/self/clear_refs is not writable)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status("VmRSS")
+
+
+def _peak_resident() -> int:
+    return _status("VmHWM")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
