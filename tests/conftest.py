@@ -1,14 +1,23 @@
-"""Test setup: 8 fake CPU devices, set before anything imports jax."""
+"""Test setup: 8 fake CPU devices, set before anything imports jax.
+
+Tests that start main.py in a subprocess pass this environment on: the same devices, XLA:CPU
+compiling with its cheap settings (tests are mostly compile time on 2 cores; the maths is
+unchanged), and one persistent compilation cache for the whole session, so a program that
+several runs compile is compiled once.
+"""
 
 import os
 import sys
+import tempfile
 
 import pytest
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="paxloom-jax-cache-"))
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:

@@ -11,7 +11,7 @@ from tasks.errors import DataError
 from tasks.lambada import read_lambada
 from tasks.pile import iter_documents
 from tasks.train_vocab import train_sentencepiece
-from tests.data_fixtures import REPO_ROOT, make_docs, make_tfds_dir, write_lines
+from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_docs, make_tfds_dir, write_lines
 from tests.helpers import TINY
 
 
@@ -79,7 +79,7 @@ def test_main_trains_and_evaluates_from_tfds_data_dir_in_the_environment(tfds_da
                "PERCORE_BATCH_SIZE": 1, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
                "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LAMBADA_EVAL": True,
                "LR_COS_WARMUP": 1, "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4}.items()]]
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+    env = {**{k: os.environ[k] for k in JAX_ENV},  # conftest: 8 CPU devices
            "TFDS_DATA_DIR": str(data_dir), "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path)}
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,

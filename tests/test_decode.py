@@ -170,8 +170,7 @@ def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
 
 
 def run_main(*args):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
+    env = dict(os.environ)  # conftest: 8 CPU devices
     return subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 

@@ -17,8 +17,7 @@ from tests.helpers import TINY
 FLAGS = [f"--fdl.{k}={v!r}" for k, v in {**TINY, "ICI_MESH_SHAPE": [8, 1, 1],
                                          "CHECKPOINT_EVERY_N_STEPS": 4,
                                          "SUMMARY_INTERVAL_STEPS": 1}.items()]
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-       "JAX_PLATFORMS": "cpu"}
+ENV = dict(os.environ)  # conftest: 8 CPU devices
 
 
 def main_py(job_dir, max_steps: int) -> list[str]:

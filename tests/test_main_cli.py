@@ -18,8 +18,7 @@ TINY_FLAGS = [
 def run_main(*args, timeout=300, without_tensorflow=False, env=None):
     """main.py in a subprocess; `without_tensorflow` makes `import tensorflow` fail in it,
     as on GPU machines that lack it."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu", **(env or {})}
+    env = {**os.environ, **(env or {})}  # conftest: 8 CPU devices
     command = [sys.executable, "main.py", *args]
     if without_tensorflow:
         command = [sys.executable, "-c", "import runpy, sys; sys.modules['tensorflow'] = None; "

@@ -63,7 +63,9 @@ def process_env(devices: int) -> dict[str, str]:
     """A clean environment for one CPU process with `devices` fake devices."""
     env = {k: v for k, v in os.environ.items()
            # Launcher variables would make jax (or runner.distributed) detect a cluster.
-           if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR"))}
+           # The session's compilation cache is for single-process runs (conftest.py).
+           if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR",
+                                "JAX_COMPILATION_CACHE"))}
     env.update(
         # Cheaper CPU compilation: these jobs are mostly compile time on 2 cores (-25%
         # CPU), and the maths is unchanged (the losses are bit-identical).

@@ -1,6 +1,7 @@
 """Training on text in the real Pile/Lambada formats, end to end through the runner."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import experiments
 from runner import mesh as mesh_lib
 from runner.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
-from tests.data_fixtures import REPO_ROOT, write_lines, write_pile
+from tests.data_fixtures import JAX_ENV, REPO_ROOT, write_lines, write_pile
 from tests.helpers import TINY
 
 _WORDS = ("amber basil cedar delta ember fable garnet harbor indigo jasper kestrel lumen "
@@ -81,7 +82,7 @@ def test_main_trains_on_pile_layout_and_evaluates(tmp_path, learnable_data):
                "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LR_COS_WARMUP": 1,
                "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4,
                "CHECKPOINT_EVERY_N_STEPS": 0}.items()]]
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+    env = {**{k: os.environ[k] for k in JAX_ENV},  # conftest: 8 CPU devices
            "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
