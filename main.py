@@ -205,14 +205,12 @@ def main(argv: list[str]) -> int:
             print(f"experiments.{name:<16} {summary[0] if summary else ''}")
         return 0
     exp = resolve_experiment(hyperparameter_overrides)
-    if FLAGS.mode == "plan":  # before building the graph starts jax: as many CPU devices as
-        from runner import plan  # the mesh has
+    if FLAGS.mode == "plan":
+        from runner import plan
 
+        # Before building the graph starts jax: as many CPU devices as the mesh has.
         plan.use_host_devices(plan.device_count(exp))
-
-    from runner import job
-
-    if not FLAGS.print_config and FLAGS.mode != "plan":
+    elif not FLAGS.print_config:
         if not FLAGS.job_log_dir:
             raise UserError("--job_log_dir is required (where the config, TensorBoard events "
                             "and checkpoints go)")
@@ -221,12 +219,19 @@ def main(argv: list[str]) -> int:
         start_distributed()
     config = run_graph(exp, graph_overrides)
     if FLAGS.print_config:
+        from runner import job
+
         print(job.describe(exp, config))
-        return 0
-    if FLAGS.mode == "plan":
+    elif FLAGS.mode == "plan":
         print(plan.report(exp, config, graph_overrides, device=FLAGS.plan_device,
                           mfu=FLAGS.plan_mfu, device_memory_gb=FLAGS.plan_device_memory_gb))
-        return 0
+    else:
+        run_mode(exp, config)
+    return 0
+
+
+def run_mode(exp, config) -> None:
+    """--mode=train, eval or decode of the built graph."""
     if FLAGS.should_log_compiles:
         import jax
 
@@ -242,7 +247,9 @@ def main(argv: list[str]) -> int:
                    batch_size=FLAGS.decode_batch_size, vocab_path=vocab_path(),
                    restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
                    restore_checkpoint_step=FLAGS.restore_checkpoint_step)
-        return 0
+        return
+    from runner import job
+
     job.run(exp, config=config, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir,
             peak_tflops=FLAGS.peak_tflops,
             restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
@@ -253,7 +260,6 @@ def main(argv: list[str]) -> int:
             profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
             profile_steps=(None if FLAGS.profile_start_step is None else
                            (FLAGS.profile_start_step, FLAGS.profile_num_steps)))
-    return 0
 
 
 def exit_now(code: int, message: str) -> None:

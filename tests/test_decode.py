@@ -149,6 +149,7 @@ def test_prompts_longer_than_max_seq_len_are_cut_from_the_left(gpt, capsys):
     assert ids(record["continuation"]) == expected
 
 
+@pytest.mark.slow  # 300 training steps: 15-30 s on 2 cores
 def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
     """Trained on arithmetic progressions (tasks/synthetic.py) until it has learnt them,
     the model continues new ones, greedily, to the end."""
