@@ -12,9 +12,12 @@ import socket
 import threading
 import time
 
+from absl import logging
+
 from runner.errors import UserError
 
 _REPLY_OK = b"ok\n"
+MAX_WAIT_S = 60
 
 
 def port_for(server_addr: str) -> tuple[str, int]:
@@ -70,7 +73,9 @@ def report(server_addr: str, host_idx: int, timeout_s: float) -> None:
     """A process other than 0: report to process 0's roll call (retrying until it is up);
     UserError if another process already has this index."""
     host, port = port_for(server_addr)
-    deadline = time.monotonic() + timeout_s
+    # Bounded apart from jax's own wait: a network that lets only the coordinator's port
+    # through must cost a minute at most, not --distributed_timeout_s twice.
+    deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
     while True:
         try:
             with socket.create_connection((host, port), timeout=10) as conn:
@@ -78,8 +83,10 @@ def report(server_addr: str, host_idx: int, timeout_s: float) -> None:
                 reply = conn.makefile("rb").readline().decode().strip()
             break
         except OSError:
-            if time.monotonic() > deadline:
-                return  # jax's own connection timeout reports a missing process 0
+            if time.monotonic() > deadline:  # jax's own wait reports a missing process 0
+                logging.warning("no --host_idx roll call at %s:%d; starting without checking "
+                                "that process indices are unique", host, port)
+                return
             time.sleep(0.5)
     if reply.startswith("taken"):
         raise UserError(f"--host_idx={host_idx} is already taken by another process "
