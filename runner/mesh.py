@@ -1,12 +1,16 @@
 """The device mesh and the global batch: ICI x DCN over axes (replica, data, mdl).
 
-ICI_MESH_SHAPE lays out the devices of one process (one node on GPUs: NVLink);
-DCN_MESH_SHAPE lays out the processes (the slow network between nodes). The mesh
-size along each axis is ici[i] * dcn[i]. On CPU and GPU, jax's hybrid mesh
-treats one process as one granule.
+ICI_MESH_SHAPE lays out the devices of one node (NVLink); DCN_MESH_SHAPE lays out the
+nodes (the slow network between them). The mesh size along each axis is
+ici[i] * dcn[i]. A node is one process, as jax's hybrid mesh has it, or, when a job
+runs several processes per node (Pax's example_slurm_pile.sub starts one per GPU),
+the processes that share a node: SLURM_NODEID where srun set it, else the host name.
 """
 
 import math
+import os
+import socket
+import zlib
 
 import jax
 import numpy as np
@@ -38,19 +42,51 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
             f"({num_processes} process(es) x {per_process}); try "
             f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
         )
-    if math.prod(dcn) != num_processes:
-        raise UserError(
-            f"DCN_MESH_SHAPE={dcn} has {math.prod(dcn)} slices, but there are "
-            f"{num_processes} processes; DCN_MESH_SHAPE spans processes (nodes) and "
-            f"ICI_MESH_SHAPE the devices of each, e.g. --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
-        )
     if num_processes == 1:
-        device_array = np.asarray(devices).reshape(ici)
-    else:
+        if math.prod(dcn) != 1:
+            raise _dcn_error(dcn, num_processes)
+        return Mesh(np.asarray(devices).reshape(ici), MESH_AXIS_NAMES)
+    if math.prod(dcn) == num_processes:
         device_array = mesh_utils.create_hybrid_device_mesh(
             ici, dcn, devices=devices, process_is_granule=True
         )
-    return Mesh(device_array, MESH_AXIS_NAMES)
+        return Mesh(device_array, MESH_AXIS_NAMES)
+    nodes = _devices_by_node(devices)
+    if len(nodes) != math.prod(dcn) or any(len(d) != math.prod(ici) for d in nodes):
+        raise _dcn_error(dcn, num_processes, len(nodes))
+    return Mesh(_hybrid(ici, dcn, nodes), MESH_AXIS_NAMES)
+
+
+def _dcn_error(dcn, num_processes: int, num_nodes: int | None = None) -> UserError:
+    nodes = f" on {num_nodes} nodes" if num_nodes is not None else ""
+    return UserError(
+        f"DCN_MESH_SHAPE={dcn} has {math.prod(dcn)} slices, but there are {num_processes} "
+        f"processes{nodes}; DCN_MESH_SHAPE spans nodes and ICI_MESH_SHAPE the devices of each, "
+        f"e.g. --fdl.DCN_MESH_SHAPE=[{num_nodes or num_processes},1,1]"
+    )
+
+
+def _devices_by_node(devices) -> list[list]:
+    """The devices grouped by the node their process runs on, nodes in order, each node's
+    devices by process then id (so each process's batch rows stay contiguous)."""
+    from jax.experimental import multihost_utils
+
+    node = os.environ.get("SLURM_NODEID", "")
+    key = int(node) if node.isdigit() else zlib.crc32(socket.gethostname().encode()) % 2**31
+    node_of_process = np.asarray(multihost_utils.process_allgather(np.int32(key))).ravel()
+    groups: dict[int, list] = {}
+    for device in sorted(devices, key=lambda d: (d.process_index, d.id)):
+        groups.setdefault(int(node_of_process[device.process_index]), []).append(device)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _hybrid(ici, dcn, nodes: list[list]) -> np.ndarray:
+    """Each node's devices laid out as ICI, the nodes as DCN (jax's hybrid mesh, with
+    nodes for granules)."""
+    blocks = np.empty(len(nodes), dtype=object)
+    for i, node_devices in enumerate(nodes):
+        blocks[i] = np.asarray(node_devices, dtype=object).reshape(ici)
+    return np.block(blocks.reshape(dcn).tolist())
 
 
 def mesh_shape(mesh: Mesh) -> tuple[int, ...]:

@@ -92,37 +92,39 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
 
 @pytest.mark.multiprocess
 def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):
-    """run_pile_multinode.sh's command on 2 nodes, in the environment example_slurm_pile.sub
-    gives it (srun's SLURM variables, --export=ALL,TFDS_DATA_DIR=...,WORKSPACE_DIR=...,
-    GPT_VOCAB_PATH=...). One task per node here: the .sub's --ntasks-per-node=8 (one
-    process per GPU) needs GPUs that report their node (see README, Multi-node)."""
+    """run_pile_multinode.sh's command as example_slurm_pile.sub starts it: srun with one task
+    per GPU (`--ntasks-per-node=8` there; 2 nodes x 2 tasks of 1 device here), each task
+    with --num_hosts=$SLURM_NTASKS --host_idx=$SLURM_PROCID and the DCN mesh over nodes,
+    in the environment the .sub exports (TFDS_DATA_DIR, WORKSPACE_DIR, GPT_VOCAB_PATH)."""
     tfds_data_dir, vocab = pax_data
     port = free_port()
-    nodes, gpus = 2, 4
+    nodes, tasks_per_node = 2, 2
+    num_gpus = tasks_per_node  # run_pile_multinode.sh's NUM_GPUS: the GPUs of a node
     commands, envs = [], []
-    for rank in range(nodes):
+    for rank in range(nodes * tasks_per_node):
         commands.append([
             sys.executable, "-u", str(REPO_ROOT / "main.py"),
             f"--job_log_dir={tmp_path}/workspace/pile_126m",  # the .sub's workspace/${LOG_DIR_LOCAL}
             f"--fdl_config={CONFIGS}.Pile126M",
             f"--tfds_data_dir={tfds_data_dir}",
             '--fdl.FPROP_DTYPE="float32"',
-            f"--fdl.ICI_MESH_SHAPE=[{gpus},1,1]",
+            f"--fdl.ICI_MESH_SHAPE=[{num_gpus},1,1]",
             f"--fdl.DCN_MESH_SHAPE=[{nodes},1,1]",
-            "--fdl.PERCORE_BATCH_SIZE=1",
+            "--fdl.PERCORE_BATCH_SIZE=2",
             "--multiprocess_gpu",
             f"--server_addr=127.0.0.1:{port}",
-            f"--num_hosts={nodes}",
+            f"--num_hosts={nodes * tasks_per_node}",
             f"--host_idx={rank}",
             "--alsologtostderr", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}",
             *TINY_OVERRIDES])
         envs.append(pax_env(
-            gpus, VOCAB_PATH=str(vocab), XLA_PYTHON_CLIENT_MEM_FRACTION="0.85",
+            1, VOCAB_PATH=str(vocab), XLA_PYTHON_CLIENT_MEM_FRACTION="0.85",
             SLURM_JOB_NUM_NODES=str(nodes), SLURM_LAUNCH_NODE_IPADDR="127.0.0.1",
-            SLURM_NTASKS=str(nodes), SLURM_PROCID=str(rank), SLURM_NODEID=str(rank),
+            SLURM_NTASKS=str(nodes * tasks_per_node), SLURM_PROCID=str(rank),
+            SLURM_NODEID=str(rank // tasks_per_node),
             TFDS_DATA_DIR=str(tfds_data_dir), WORKSPACE_DIR=str(tmp_path / "workspace"),
             GPT_VOCAB_PATH=str(vocab.parent), PWD=str(tmp_path)))
-    job = run_job(commands, gpus, tmp_path / "logs", envs=envs)
-    assert "jax.distributed: 2 processes" in job.stdout(0)
+    job = run_job(commands, 1, tmp_path / "logs", envs=envs)
+    assert "jax.distributed: 4 processes" in job.stdout(0)
     assert "step      4 | loss" in job.stdout(0)
     assert "eval lambada | accuracy" in job.stdout(0)
