@@ -218,9 +218,10 @@ def restore_source(job_dir: str, restore_dir: str | None, restore_step: int | No
         return None if own is None else (job_dir, own)
     if own is None:
         raise UserError(f"--restore_checkpoint_step={restore_step}: {job_dir} has no checkpoints")
-    if restore_step not in all_steps(job_dir):
+    steps = all_steps(job_dir)
+    if restore_step not in steps:
         raise UserError(f"--restore_checkpoint_step={restore_step}: {job_dir} has no such "
-                        f"checkpoint; it has steps {all_steps(job_dir)}")
+                        f"checkpoint; it has steps {steps}")
     if mode == "train" and restore_step != own:
         raise UserError(
             f"--restore_checkpoint_step={restore_step}: {job_dir} has later checkpoints (latest "
@@ -235,11 +236,12 @@ class BrokenCheckpointError(UserError):
 
     def __init__(self, directory: str, step: int, error: Exception):
         self.directory, self.step = directory, step
-        earlier = [s for s in all_steps(directory) if s < step]
+        # The complete steps before this one, oldest first: where a fallback would go.
+        self.earlier = [s for s in all_steps(directory) if s < step]
         detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-        if earlier:
+        if self.earlier:
             fix = (f"--skip_broken_checkpoints sets it aside (into {set_aside_dir(directory)}) "
-                   f"and resumes from step {earlier[-1]}")
+                   f"and resumes from step {self.earlier[-1]}")
         else:
             fix = (f"there is no earlier checkpoint: move {directory}/{step} away to start "
                    f"over, or put back an intact copy")

@@ -28,11 +28,11 @@ def _on_start(event: str, value: float, **kwargs) -> None:
 
 def _on_duration(event: str, seconds: float, **kwargs) -> None:
     global _total_seconds
+    if event != COMPILE_EVENT:
+        return
+    _total_seconds += seconds
     name = kwargs.get("fun_name", "")
-    if event == COMPILE_EVENT:
-        _total_seconds += seconds
-    if event == COMPILE_EVENT and (_bare(name) in ANNOUNCED
-                                                   or seconds >= _SLOW_S):
+    if _bare(name) in ANNOUNCED or seconds >= _SLOW_S:
         log(f"compiled {name} in {seconds:.1f}s")
 
 

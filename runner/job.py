@@ -202,8 +202,7 @@ def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
         try:
             return checkpoints.restore(*source, abstract_state, **kwargs)
         except checkpoints.BrokenCheckpointError as error:
-            earlier = [s for s in checkpoints.all_steps(error.directory) if s < error.step]
-            if not skip_broken or not earlier:
+            if not skip_broken or not error.earlier:
                 raise
             where = "left in place"
             if error.directory == own_dir:
@@ -212,8 +211,8 @@ def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
                     where = f"moved to {checkpoints.set_aside(error.directory, error.step)}"
                 _barrier("paxloom:set_aside")
             log(f"warning: checkpoint step {error.step} is damaged ({where}); restoring "
-                f"step {earlier[-1]} instead")
-            source = (error.directory, earlier[-1])
+                f"step {error.earlier[-1]} instead")
+            source = (error.directory, error.earlier[-1])
 
 
 def _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, enabled: bool):

@@ -29,9 +29,9 @@ LAMBADA_DOWNLOAD = "python scripts_gpu/download_lambada.py --data_dir {data_dir}
 def pile_train_files(data_dir) -> list[Path]:
     """All train shards under <data_dir>/pile/train, sorted by name."""
     train_dir = Path(data_dir) / "pile" / "train"
-    if not train_dir.is_dir() and tfds.shards(data_dir, tfds.PILE, "train"):
-        return tfds.shards(data_dir, tfds.PILE, "train")
     if not train_dir.is_dir():
+        if shards := tfds.shards(data_dir, tfds.PILE, "train"):
+            return shards
         raise DataError(
             f"{train_dir} does not exist (nor paxml's TFDS build, "
             f"{tfds.builder_dir(data_dir, tfds.PILE)}); download The Pile with "
@@ -57,8 +57,8 @@ def _split_files(data_dir, split: str) -> list[Path]:
     for name in (f"{split}.jsonl.zst", f"{split}.jsonl"):
         if (pile_dir / name).is_file():
             return [pile_dir / name]
-    if tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split]):
-        return tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split])
+    if shards := tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split]):
+        return shards
     raise DataError(
         f"{pile_dir / (split + '.jsonl.zst')} does not exist; download it with "
         f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`"
@@ -78,9 +78,9 @@ def pile_test_files(data_dir) -> list[Path]:
 def lambada_files(data_dir) -> list[Path]:
     """The Lambada test set, <data_dir>/lambada/lambada_test.jsonl (or TFDS shards)."""
     path = Path(data_dir) / "lambada" / "lambada_test.jsonl"
-    if not path.is_file() and tfds.shards(data_dir, tfds.LAMBADA, "test"):
-        return tfds.shards(data_dir, tfds.LAMBADA, "test")
     if not path.is_file():
+        if shards := tfds.shards(data_dir, tfds.LAMBADA, "test"):
+            return shards
         raise DataError(
             f"{path} does not exist; download it with "
             f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"

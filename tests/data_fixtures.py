@@ -141,3 +141,17 @@ def make_tfds_dir(root, train_docs: list[str], val_docs: list[str],
     write_tfrecord(root / "my_lambada" / "lm" / "1.0.0" /
                    "my_lambada-test.tfrecord-00000-of-00001", examples)
     return root
+
+
+def make_tfds_data(root, num_train: int, num_passages: int, seed: int):
+    """A TFDS data directory (root/datasets: `num_train` training documents, 40 validation
+    ones, `num_passages` Lambada passages ending in " harbor") and a 512-piece SentencePiece
+    model trained on the documents: (data_dir, vocab_path, docs, passages)."""
+    from tasks.train_vocab import train_sentencepiece
+
+    root = Path(root)
+    docs = make_docs(num_train + 40, seed=seed)
+    passages = [" ".join(d.split()[:12]) + " harbor" for d in make_docs(num_passages, seed + 1)]
+    make_tfds_dir(root / "datasets", docs[:num_train], docs[num_train:], passages)
+    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
+    return root / "datasets", vocab, docs, passages

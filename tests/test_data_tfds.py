@@ -10,19 +10,14 @@ from tasks import layout, tfds
 from tasks.errors import DataError
 from tasks.lambada import read_lambada
 from tasks.pile import iter_documents
-from tasks.train_vocab import train_sentencepiece
-from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_docs, make_tfds_dir, write_lines
+from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_tfds_data, write_lines
 from tests.helpers import TINY
 
 
 @pytest.fixture(scope="module")
 def tfds_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tfds")
-    docs = make_docs(240, seed=7)
-    passages = [" ".join(d.split()[:12]) + " harbor" for d in make_docs(16, seed=8)]
-    make_tfds_dir(root / "data", docs[:200], docs[200:], passages)
-    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
-    return root / "data", vocab, docs, passages
+    return make_tfds_data(tmp_path_factory.mktemp("tfds"), num_train=200, num_passages=16,
+                          seed=7)
 
 
 def test_tfds_layout_is_found_and_read_exactly(tfds_data, tmp_path):

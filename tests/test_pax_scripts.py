@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.data_fixtures import REPO_ROOT, make_docs, make_tfds_dir
+from tests.data_fixtures import REPO_ROOT, make_tfds_data
 from tests.helpers import TINY
 from tests.test_multiprocess import CONNECT_TIMEOUT_S, free_port, process_env, run_job
 
@@ -37,14 +37,9 @@ TINY_OVERRIDES = [f"--fdl.{k}={v!r}" for k, v in {
 @pytest.fixture(scope="module")
 def pax_data(tmp_path_factory):
     """TFDS_DATA_DIR with the_pile and my_lambada, and a SentencePiece model."""
-    from tasks.train_vocab import train_sentencepiece
-
-    root = tmp_path_factory.mktemp("pax")
-    docs = make_docs(260, seed=11)
-    passages = [" ".join(d.split()[:10]) + " harbor" for d in make_docs(8, seed=12)]
-    make_tfds_dir(root / "datasets", docs[:220], docs[220:], passages)
-    vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
-    return root / "datasets", vocab
+    data_dir, vocab, _, _ = make_tfds_data(tmp_path_factory.mktemp("pax"), num_train=220,
+                                           num_passages=8, seed=11)
+    return data_dir, vocab
 
 
 def pax_env(devices: int, **extra) -> dict[str, str]:
