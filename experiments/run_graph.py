@@ -11,15 +11,18 @@ from layers import attention
 from layers.stack import transformer_layer_template
 from runner import optimizer, partitioning, spec
 from runner.errors import UserError
+from runner.summaries import log
 from tasks import datasets, evaluations, synthetic
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,
-                     cache_dir: str | None = None) -> fdl.Config:
+                     cache_dir: str | None = None, plan_for_hopper: bool | None = None
+                     ) -> fdl.Config:
     mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
                       dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; sharding for the mesh comes last, once.
-    model = partitioning.shard_model(_with_attention_impl(exp, exp.model_template()),
+    model = partitioning.shard_model(_with_attention_impl(exp, exp.model_template(),
+                                                                         plan_for_hopper),
                                      spec.mesh_size(mesh))
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
@@ -65,18 +68,27 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     )
 
 
-def _with_attention_impl(exp, model):
+def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
     """The template with ATTENTION_IMPL's attention (layers/attention.py), decided here,
-    before tracing, because it depends on the platform the run will trace for."""
-    platform = jax.default_backend()
+    before tracing, because it depends on the platform the run will trace for: this
+    process's, or (`plan_for_hopper` not None) the GPU that --mode=plan plans for."""
+    if plan_for_hopper is None:
+        platform = jax.default_backend()
+        hopper = platform == "gpu" and attention.hopper_or_newer(jax.devices())
+    else:
+        platform, hopper = "gpu", plan_for_hopper
     dropout = exp.DROPOUT_PROB if exp.ATTEN_DROPOUT_PROB is None else exp.ATTEN_DROPOUT_PROB
     try:
         impl = attention.resolve(exp.ATTENTION_IMPL, packed_input=exp.PACKED_INPUT,
-                                 platform=platform, atten_dropout_prob=dropout)
+                                 platform=platform, atten_dropout_prob=dropout,
+                                 hopper_or_newer=hopper)
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
-        attention.use_attention_impl(layer, impl, platform=platform)
+        attention.use_attention_impl(layer, impl, hopper_or_newer=hopper)
     except ValueError as e:
         raise UserError(str(e)) from None
+    note = attention.packed_gqa_note(layer)
+    if note:
+        log(note)
     return model
 
 

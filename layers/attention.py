@@ -1,22 +1,29 @@
-"""Fused attention: praxis's DotProductAttention with the scores-softmax-context step done
-by one kernel, chosen by ATTENTION_IMPL. Same parameters, so checkpoints move freely
-between implementations.
+"""Fused attention: praxis's attention layers with the scores-softmax-context step done by
+one kernel, chosen by ATTENTION_IMPL. Same parameters, so checkpoints move freely between
+implementations.
 
 praxis computes attention as separate einsums around a float32 softmax, materialising
-[B, heads, T, T] scores (and a dense [B, 1, T, T] mask) per layer. The implementations:
+[B, heads, T, T] scores (and a dense [B, 1, T, T] mask) per layer. Two layer classes take
+the fused path: FusedDotProductAttention (multi-head, the GPT and Llama 7B) and
+FusedMultiQueryDotProductAttention (grouped-query and multi-query, Llama1B/70B). The
+implementations:
 
-- "praxis": praxis's own DotProductAttention, unchanged.
+- "praxis": praxis's own layers, unchanged.
 - "xla":    jax.nn.dot_product_attention's XLA path with praxis's mask as a bias. Exact
             for every mask; materialises the scores like praxis (the portable reference).
-- "cudnn":  jax.nn.dot_product_attention's cuDNN kernel, causal only: it cannot take
-            segment ids (a boolean mask becomes a bias whose gradient cuDNN refuses for
-            batch > 1, jax#23701), so it is exact only without packing (PACKED_INPUT=False).
-            GPU, bf16/fp16, head dim <= 256.
-- "pallas": jax's Pallas flash-attention kernel (jax.experimental.pallas.ops.gpu.attention),
-            causal with segment ids: exact for packed rows. Run per device under shard_map
-            (Pallas kernels are not partitioned by XLA). On CPU it runs in interpret mode,
-            which is slow and meant for tests.
-- "auto":   on a GPU, "pallas" with packing and "cudnn" without; elsewhere "praxis".
+- "cudnn":  cuDNN's fused flash attention. On Hopper or newer it reads the documents of
+            each row as cuDNN's packed ("ragged") layout: every segment's length and start,
+            derived from praxis's mask, so packed, padded and plain causal rows are all
+            exact. Older GPUs have no packed layout: there it is plain causal, exact only
+            for unpacked rows (PACKED_INPUT=False). bf16/fp16, head dim <= 256 (128 before
+            Hopper).
+- "pallas": jax's Pallas Triton flash-attention kernel, causal with segment ids: exact for
+            packed rows on any GPU. Run per device under shard_map (Pallas kernels are not
+            partitioned by XLA). On CPU it runs in interpret mode, which is slow and meant
+            for tests.
+- "auto":   the fastest exact choice (README, "Attention"): "cudnn" on Hopper or newer, and
+            on older GPUs without packing; "pallas" on older GPUs with packing; "praxis" on
+            CPU and wherever attention dropout is on.
 """
 
 import functools
@@ -26,43 +33,58 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
-from praxis import py_utils
-from praxis.layers import attentions
+from praxis import base_layer, py_utils
+from praxis.layers import attentions, multi_query_attention
+
+IMPLS = ("praxis", "xla", "cudnn", "pallas", "auto")
+# cuDNN's packed layout with fewer key/value heads than query heads computed key/value
+# offsets with the query head count until jax PR #39521 (2026-07-30), first released in
+# jax 0.11.1. On an older jax such layers repeat their key/value heads instead.
+PACKED_GQA_FIXED_IN = (0, 11, 1)
 
 
-class FusedDotProductAttention(attentions.DotProductAttention):
-    """DotProductAttention whose `_dot_atten` is one fused call (module docstring).
+class _FusedKernels:
+    """The fused scores-softmax-context step shared by both attention classes, which declare
+    its settings as their fields (a layer's fields must be declared on the layer class):
 
-    Attributes:
-      attention_impl: "xla", "cudnn" or "pallas".
+      attention_impl: "xla", "cudnn" or "pallas" (already resolved).
+      cudnn_packed: give cuDNN each row's segments (Hopper or newer); else plain causal.
       pallas_interpret: run the Pallas kernel in interpret mode (no GPU).
     """
 
-    attention_impl: str = "xla"
-    pallas_interpret: bool = False
-
-    def _dot_atten(self, query, key, value, atten_mask, relative_bias=None):
-        """query [B, T, N, H], key/value [B, S, N, H], atten_mask [B|1, 1, T|1, S] (additive,
-        large negative where masked) -> (encoded [B, T, N, H], None: no probabilities)."""
-        if relative_bias is not None or (self.atten_logit_cap or 0) > 0:
-            raise NotImplementedError(
-                f"ATTENTION_IMPL={self.attention_impl!r} has no relative bias or logit cap")
+    def _fused_context(self, query, key, value, atten_mask):
+        """query [B, T, N, H] (already scaled), key/value [B, S, K, H] with K dividing N,
+        atten_mask [B|1, 1, T|1, S] (additive, large negative where masked) -> the
+        attention context [B, T, N, H]."""
         query, key, value = (self._shard_blnh(x) for x in (query, key, value))
-        query = self._scale_query(query)  # so every kernel below runs with scale 1
-        if self.attention_impl == "xla":
+        impl, batch_size = self.attention_impl, query.shape[0]
+        if impl == "xla":
             encoded = jax.nn.dot_product_attention(
                 query, key, value, bias=atten_mask.astype(query.dtype), scale=1.0,
                 implementation="xla")
-        elif self.attention_impl == "cudnn":
+        elif impl == "cudnn" and jax.default_backend() != "gpu":
+            # Traced off a GPU only by the planner (runner/plan.py), which compiles for the
+            # GPU it plans for on CPU devices: a plain-JAX kernel that keeps what cuDNN
+            # keeps (no [T, S] scores), so the plan's memory is the fused kernel's.
+            encoded = flash_attention(query, key, value,
+                                      segment_ids_from_mask(atten_mask, batch_size))
+        elif impl == "cudnn" and self.cudnn_packed:
+            if key.shape[2] != query.shape[2] and not packed_gqa_is_correct():
+                key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
+            encoded = cudnn_packed_attention(
+                query, key, value, segment_ids_from_mask(atten_mask, batch_size))
+        elif impl == "cudnn":
             encoded = jax.nn.dot_product_attention(
                 query, key, value, scale=1.0, is_causal=True, implementation="cudnn")
-        elif self.attention_impl == "pallas":
-            encoded = self._pallas(query, key, value, segment_ids_from_mask(atten_mask,
-                                                                            query.shape[0]))
+        elif impl == "pallas":
+            # The Pallas kernel takes as many key/value heads as query heads.
+            key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
+            encoded = self._pallas(query, key, value,
+                                   segment_ids_from_mask(atten_mask, batch_size))
         else:
-            raise ValueError(f"unknown attention_impl {self.attention_impl!r}")
+            raise ValueError(f"unknown attention_impl {impl!r}")
         encoded = checkpoint_name(encoded, "context")  # remat policies name it, as praxis
-        return self._shard_blnh(encoded), None
+        return self._shard_blnh(encoded)
 
     def _pallas(self, query, key, value, segment_ids):
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
@@ -91,50 +113,274 @@ class FusedDotProductAttention(attentions.DotProductAttention):
         )(query, key, value, segment_ids)
 
 
-def segment_ids_from_mask(atten_mask, batch_size: int):
-    """[B, T] segment ids under which causal attention equals `atten_mask` for real tokens.
+class FusedDotProductAttention(_FusedKernels, attentions.DotProductAttention):
+    """praxis's DotProductAttention whose `_dot_atten` is one fused call (module docstring)."""
 
-    Token t may attend to t-1 exactly when they are in the same segment, so a masked
-    (t, t-1) entry starts a new segment. Only the mask's sub-diagonal is read; XLA
-    computes just that from praxis's mask expression. Padding positions may form
-    segments of their own: their outputs carry no weight, and real tokens never attend
-    to them.
+    attention_impl: str = "xla"
+    cudnn_packed: bool = True
+    pallas_interpret: bool = False
+
+    def _dot_atten(self, query, key, value, atten_mask, relative_bias=None):
+        """query [B, T, N, H], key/value [B, S, N, H] -> (encoded [B, T, N, H], None: no
+        probabilities)."""
+        if relative_bias is not None or (self.atten_logit_cap or 0) > 0:
+            raise NotImplementedError(
+                f"ATTENTION_IMPL={self.attention_impl!r} has no relative bias or logit cap")
+        return self._fused_context(self._scale_query(query), key, value, atten_mask), None
+
+
+class FusedMultiQueryDotProductAttention(_FusedKernels,
+                                         multi_query_attention.MultiQueryDotProductAttention):
+    """praxis's MultiQueryDotProductAttention (num_kv_heads key/value heads shared by groups
+    of query heads) with the fused step. praxis runs its per-group `_dot_atten` under a
+    vmap over key/value heads, which no fused kernel's packed layout survives (cuDNN's
+    batching rule flattens the segment lengths), so `__call__` is restated here for the
+    training forward pass: projections, rotary embeddings, one fused call over all heads,
+    output projection. Decoding uses layers/cached_lm.py, not praxis's decode state.
+    """
+
+    attention_impl: str = "xla"
+    cudnn_packed: bool = True
+    pallas_interpret: bool = False
+
+    def __call__(self, query_vec, key_vec, value_vec, atten_mask, query_segment_pos=None,
+                 key_segment_pos=None):
+        if self.relative_bias_tpl is not None or (self.atten_logit_cap or 0) > 0:
+            raise NotImplementedError(
+                f"ATTENTION_IMPL={self.attention_impl!r} has no relative bias or logit cap")
+
+        # As praxis: the weight-gradient matmuls compute with the model dim replicated.
+        def replicate_last_dim(x):
+            return base_layer.maybe_shard(x, [None] * x.ndim, self.mesh_axis_names,
+                                          unconstrained_dims=range(x.ndim - 1))
+
+        query = checkpoint_name(self.query(replicate_last_dim(query_vec)), "query_proj")
+        key = checkpoint_name(self.key(replicate_last_dim(key_vec)), "key_proj")
+        value = checkpoint_name(self.value(replicate_last_dim(value_vec)), "value_proj")
+        if self.num_kv_heads == 1:  # one shared head comes as [B, S, H]
+            key, value = key[:, :, None, :], value[:, :, None, :]
+        if self.use_rotary_position_emb:
+            query = self.rotary_position_emb(query, query_segment_pos)
+            key = self.rotary_position_emb(key, key_segment_pos)
+        encoded = self._fused_context(self._scale_query(query), key, value, atten_mask)
+        encoded = self._shard_bld(self.post(encoded))
+        return checkpoint_name(encoded, "out_proj"), None
+
+
+def _repeat_heads(x, num_heads: int):
+    """[B, S, K, H] -> [B, S, num_heads, H], each key/value head serving its query group."""
+    return x if x.shape[2] == num_heads else jnp.repeat(x, num_heads // x.shape[2], axis=2)
+
+
+def packed_gqa_is_correct(version: str | None = None) -> bool:
+    """Whether this jax computes cuDNN packed attention with fewer key/value heads than
+    query heads correctly (PACKED_GQA_FIXED_IN)."""
+    release = (version or jax.__version__).split(".dev")[0].split("rc")[0]
+    return tuple(int(part) for part in release.split(".")[:3]) >= PACKED_GQA_FIXED_IN
+
+
+def segment_ids_from_mask(atten_mask, batch_size: int):
+    """[B, T] segment ids 1, 2, ... under which causal attention within a segment equals
+    `atten_mask` for real tokens.
+
+    Token t may attend to t-1 exactly when both are real tokens of the same document, so a
+    masked (t, t-1) entry starts a new segment, except between two padding tokens (a token
+    that may not attend to itself, a masked diagonal entry, is padding): a run of padding
+    is one segment, so rows with much padding do not break into one segment per token.
+    Padding outputs carry no weight, and real tokens never attend to padding. Only the
+    mask's diagonal and sub-diagonal are read; XLA computes just those from praxis's mask
+    expression.
     """
     mask = jnp.broadcast_to(atten_mask[:, 0], (batch_size, *atten_mask.shape[2:]))  # [B, T, S]
-    below = jnp.diagonal(mask, offset=-1, axis1=1, axis2=2)  # [B, T-1]: (t, t-1)
-    starts = below < py_utils.get_large_negative_number(jnp.float32) / 2
+    masked = py_utils.get_large_negative_number(jnp.float32) / 2
+    below = jnp.diagonal(mask, offset=-1, axis1=1, axis2=2) < masked  # [B, T-1]: (t, t-1)
+    padding = jnp.diagonal(mask, axis1=1, axis2=2) < masked  # [B, T]: (t, t)
+    starts = below & ~(padding[:, 1:] & padding[:, :-1])
     first = jnp.ones((batch_size, 1), jnp.int32)
     return jnp.cumsum(jnp.concatenate([first, starts.astype(jnp.int32)], axis=1), axis=1)
 
 
-def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float) -> str:
+def cudnn_segments(segment_ids):
+    """[B, T] segment ids (1, 2, ... along each row) -> (lengths [B, T], starts [B, T + 1]),
+    the arguments of jax's packed cuDNN attention: each row's segment lengths and start
+    positions in order, -1 past its last segment. A row has at most T segments; the extra
+    start column is the layout's (jax shifts the -1 entries out)."""
+    batch_size, seq_len = segment_ids.shape
+    lengths = jax.vmap(functools.partial(jnp.bincount, length=seq_len))(segment_ids - 1)
+    real = jnp.arange(seq_len)[None, :] < segment_ids[:, -1:]  # segment m exists in row b
+    starts = jnp.cumsum(lengths, axis=1) - lengths
+    pad = jnp.full((batch_size, 1), -1, jnp.int32)
+    return (jnp.where(real, lengths, -1).astype(jnp.int32),
+            jnp.concatenate([jnp.where(real, starts, -1).astype(jnp.int32), pad], axis=1))
+
+
+def cudnn_packed_attention(query, key, value, segment_ids):
+    """Causal attention within each segment through cuDNN's packed layout (Hopper+).
+    query [B, T, N, H] (scaled), key/value [B, T, K, H], segment_ids [B, T]."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    # jax.nn.dot_product_attention takes no segments (a boolean mask becomes a dense bias
+    # whose gradient cuDNN refuses for batch > 1, jax#23701), so this calls the function
+    # under it, which does.
+    lengths, starts = cudnn_segments(segment_ids)
+    return cudnn.dot_product_attention(
+        query, key, value, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=starts,
+        kv_offsets=starts, scale=1.0, mask_type=cudnn.MaskType.PADDING_CAUSAL,
+        qkv_layout="BTNH")
+
+
+FLASH_BLOCK = 128  # query rows per block of flash_attention
+
+
+@jax.custom_vjp
+def flash_attention(query, key, value, segment_ids):
+    """Causal attention within segments in plain JAX, computed a block of queries at a time,
+    keeping for the backward pass only what a flash kernel keeps: the inputs, the output and
+    each row's log-sum-exp. query [B, T, N, H] (scaled), key/value [B, T, K, H],
+    segment_ids [B, T]. Slower than a fused kernel; used to plan a fused kernel's memory
+    on CPU and as an independent check of the fused kernels' mask."""
+    return _flash_forward(query, key, value, segment_ids)[0]
+
+
+def _flash_blocks(x, block):
+    """[B, T, ...] -> [T / block, B, block, ...]."""
+    b, t = x.shape[:2]
+    return jnp.moveaxis(x.reshape(b, t // block, block, *x.shape[2:]), 1, 0)
+
+
+def _flash_unblock(x):
+    """The inverse of _flash_blocks."""
+    return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])
+
+
+def _flash_scores(q_block, start, key, segment_ids):
+    """Masked float32 scores [B, N, block, T] of one query block starting at `start`."""
+    block = q_block.shape[1]
+    scores = jnp.einsum("bqnh,bsnh->bnqs", q_block, key, preferred_element_type=jnp.float32)
+    rows = start + jnp.arange(block)
+    q_segments = jax.lax.dynamic_slice_in_dim(segment_ids, start, block, axis=1)
+    visible = ((rows[:, None] >= jnp.arange(key.shape[1])[None, :])[None]
+               & (q_segments[:, :, None] == segment_ids[:, None, :]))  # [B, block, T]
+    return jnp.where(visible[:, None], scores, py_utils.get_large_negative_number(jnp.float32))
+
+
+def _flash_forward(query, key, value, segment_ids):
+    key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
+    block = min(FLASH_BLOCK, query.shape[1])
+
+    def one_block(args):
+        q_block, start = args
+        scores = _flash_scores(q_block, start, key, segment_ids)
+        lse = jax.nn.logsumexp(scores, axis=-1)  # [B, N, block]
+        probs = jnp.exp(scores - lse[..., None]).astype(value.dtype)
+        return jnp.einsum("bnqs,bsnh->bqnh", probs, value), lse
+
+    starts = jnp.arange(0, query.shape[1], block)
+    out, lse = jax.lax.map(one_block, (_flash_blocks(query, block), starts))
+    out = _flash_unblock(out)
+    return out, (query, key, value, segment_ids, out, lse)
+
+
+def _flash_backward(residuals, d_out):
+    query, key, value, segment_ids, out, lse = residuals
+    block = min(FLASH_BLOCK, query.shape[1])
+
+    def one_block(carry, args):
+        d_key, d_value = carry
+        q_block, do_block, o_block, lse_block, start = args
+        probs = jnp.exp(_flash_scores(q_block, start, key, segment_ids) - lse_block[..., None])
+        do32 = do_block.astype(jnp.float32)
+        d_value += jnp.einsum("bnqs,bqnh->bsnh", probs, do32)
+        d_probs = jnp.einsum("bqnh,bsnh->bnqs", do32, value.astype(jnp.float32))
+        row_dot = jnp.einsum("bqnh,bqnh->bnq", do32, o_block.astype(jnp.float32))
+        d_scores = probs * (d_probs - row_dot[..., None])
+        d_query = jnp.einsum("bnqs,bsnh->bqnh", d_scores, key.astype(jnp.float32))
+        d_key += jnp.einsum("bnqs,bqnh->bsnh", d_scores, q_block.astype(jnp.float32))
+        return (d_key, d_value), d_query
+
+    zeros = jnp.zeros(key.shape, jnp.float32)
+    blocks = (*(_flash_blocks(x, block) for x in (query, d_out, out)), lse,
+              jnp.arange(0, query.shape[1], block))
+    (d_key, d_value), d_query = jax.lax.scan(one_block, (zeros, zeros), blocks)
+    return _flash_unblock(d_query), d_key, d_value, None
+
+
+def _flash_vjp_forward(query, key, value, segment_ids):
+    out, residuals = _flash_forward(query, key, value, segment_ids)
+    # The gradient of repeated key/value heads sums over each head's query group.
+    return out, (residuals, key.shape)
+
+
+def _flash_vjp_backward(saved, d_out):
+    residuals, key_shape = saved
+    d_query, d_key, d_value, _ = _flash_backward(residuals, d_out)
+    b, s, k, h = key_shape
+    d_key, d_value = (x.reshape(b, s, k, -1, h).sum(axis=3) for x in (d_key, d_value))
+    dtype = residuals[0].dtype
+    return (d_query.astype(dtype), d_key.astype(dtype), d_value.astype(dtype), None)
+
+
+flash_attention.defvjp(_flash_vjp_forward, _flash_vjp_backward)
+
+
+def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float,
+            hopper_or_newer: bool = True) -> str:
     """The implementation to use for ATTENTION_IMPL=`impl` on `platform`; ValueError (one
-    line) for a choice that cannot be exact or cannot run there."""
+    line) for a choice that cannot be exact or cannot run there. `hopper_or_newer`: the
+    GPU has cuDNN's packed layout (compute capability 9.0+)."""
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
     if impl == "auto":
         if atten_dropout_prob > 0 or platform != "gpu":
             return "praxis"
-        return "pallas" if packed_input else "cudnn"
-    if impl == "cudnn" and packed_input:
-        raise ValueError("ATTENTION_IMPL='cudnn' cannot mask packed rows (segment ids) exactly; "
-                         "use 'pallas', or --fdl.PACKED_INPUT=False")
+        return "pallas" if packed_input and not hopper_or_newer else "cudnn"
     if impl == "cudnn" and platform != "gpu":
         raise ValueError(f"ATTENTION_IMPL='cudnn' needs a GPU (this is {platform}); use 'xla' "
                          f"or 'praxis'")
+    if impl == "cudnn" and packed_input and not hopper_or_newer:
+        raise ValueError("ATTENTION_IMPL='cudnn' masks packed rows only on Hopper or newer "
+                         "GPUs; use 'pallas', or --fdl.PACKED_INPUT=False")
     return impl
 
 
-def use_attention_impl(layer: fdl.Config, impl: str, *, platform: str) -> None:
+def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = True) -> None:
     """Make the Transformer layer template `layer` use attention implementation `impl`
-    (already resolved): its DotProductAttention template becomes FusedDotProductAttention."""
+    (already resolved): its praxis attention template becomes the fused subclass."""
     if impl == "praxis":
         return
     attention = layer.tr_atten_tpl
-    if not issubclass(attention.cls, attentions.DotProductAttention):
-        raise ValueError(f"ATTENTION_IMPL={impl!r} replaces praxis's DotProductAttention, but "
-                         f"this model's attention is {attention.cls.__name__}; use 'praxis'")
-    fdl.update_callable(attention, FusedDotProductAttention)
+    fused = {attentions.DotProductAttention: FusedDotProductAttention,
+             multi_query_attention.MultiQueryDotProductAttention:
+                 FusedMultiQueryDotProductAttention}
+    fused_cls = next((f for c, f in fused.items() if attention.cls in (c, f)), None)
+    if fused_cls is None:
+        raise ValueError(f"ATTENTION_IMPL={impl!r} replaces praxis's DotProductAttention or "
+                         f"MultiQueryDotProductAttention, but this model's attention is "
+                         f"{attention.cls.__name__}; use 'praxis'")
+    fdl.update_callable(attention, fused_cls)
     attention.attention_impl = impl
-    attention.pallas_interpret = impl == "pallas" and platform != "gpu"
+    attention.cudnn_packed = hopper_or_newer
+    # Interpreted wherever this process is not on a GPU (tests; the planner's CPU devices).
+    attention.pallas_interpret = impl == "pallas" and jax.default_backend() != "gpu"
+
+
+def packed_gqa_note(layer: fdl.Config) -> str | None:
+    """A line to show when `layer`'s attention takes cuDNN's packed path with grouped
+    key/value heads on a jax that computes that wrongly (PACKED_GQA_FIXED_IN)."""
+    attention = layer.tr_atten_tpl
+    if (attention.cls is FusedMultiQueryDotProductAttention
+            and attention.attention_impl == "cudnn" and attention.cudnn_packed
+            and not packed_gqa_is_correct()):
+        fixed = ".".join(map(str, PACKED_GQA_FIXED_IN))
+        return (f"note: jax {jax.__version__} computes cuDNN packed attention with grouped "
+                f"key/value heads wrongly (fixed in {fixed}); each key/value head is repeated "
+                f"for its query group instead (correct, more memory)")
+    return None
+
+
+def hopper_or_newer(devices) -> bool:
+    """Whether every one of these GPU devices has compute capability 9.0 or more."""
+    def capability(device):
+        return tuple(int(x) for x in str(getattr(device, "compute_capability", "0")).split("."))
+    return all(capability(d) >= (9, 0) for d in devices)

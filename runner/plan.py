@@ -37,22 +37,26 @@ class DeviceKind:
     name: str
     memory_bytes: int  # total, as nvidia-smi reports it
     peak_flops: float  # dense bf16 FLOP/s (runner/throughput.py's table)
+    hopper: bool  # compute capability 9.0+: cuDNN's packed attention (layers/attention.py)
 
 
 DEVICE_KINDS = {
-    "h100": DeviceKind("H100 80GB", 81559 * 2**20, throughput.PEAK_FLOPS_BF16["H100"]),
-    "h200": DeviceKind("H200 141GB", 143771 * 2**20, throughput.PEAK_FLOPS_BF16["H200"]),
-    "a100-80gb": DeviceKind("A100 80GB", 81920 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
-    "a100-40gb": DeviceKind("A100 40GB", 40960 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
+    "h100": DeviceKind("H100 80GB", 81559 * 2**20, throughput.PEAK_FLOPS_BF16["H100"], True),
+    "h200": DeviceKind("H200 141GB", 143771 * 2**20, throughput.PEAK_FLOPS_BF16["H200"], True),
+    "a100-80gb": DeviceKind("A100 80GB", 81920 * 2**20, throughput.PEAK_FLOPS_BF16["A100"], False),
+    "a100-40gb": DeviceKind("A100 40GB", 40960 * 2**20, throughput.PEAK_FLOPS_BF16["A100"], False),
 }
 
 # JAX gives XLA this fraction of each GPU's memory; scripts_gpu/common.sh sets 0.85 (JAX's
 # own default is 0.75), and XLA_PYTHON_CLIENT_MEM_FRACTION here overrides it as it would there.
 DEFAULT_MEM_FRACTION = 0.85
 
-# MFU measured on real hardware (bench/gpu_bench.py), by experiment and device kind key.
-# No GPU run has recorded one yet; entries look like {"GPT126M": {"h100": <measured MFU>}}.
-MEASURED_MFU: dict[str, dict[str, float]] = {}
+# MFU measured on real hardware, by experiment and device kind key: (MFU, how it was
+# measured). From the README's "Measured" table; bench/gpu_bench.py measures more.
+MEASURED_MFU: dict[str, dict[str, tuple[float, str]]] = {
+    "GPT1_3B": {"h100": (0.524, "PERCORE_BATCH_SIZE=4, ATTENTION_IMPL=cudnn, unpacked rows, "
+                                "jax 0.11.2, one GPU")},
+}
 
 # Rematerialisation policies from most to least memory (praxis names; "none" = no remat in
 # a plain stack, save everything in a repeated one).
@@ -70,8 +74,10 @@ CAVEATS = """\
     such copies.
   * XLA:GPU fuses differently, reserves cuBLAS/cuDNN workspace and NCCL buffers, and its
     latency-hiding scheduler overlaps collectives with compute, which keeps more alive.
-  * The attention kernel is the one this platform resolves (ATTENTION_IMPL=auto means
-    "praxis" on CPU; "pallas" would be traced in interpret mode).
+  * The attention kernel is the one ATTENTION_IMPL resolves to on the planned GPU ("auto":
+    cuDNN on an H100 or H200, Pallas on an A100 with packed rows). cuDNN is traced as a
+    plain-JAX flash kernel that keeps what cuDNN keeps (no [T, T] scores); Pallas in
+    interpret mode.
   So a plan within about 2x of the budget is a question for a real GPU, in either direction.
 - XLA:CPU runs bfloat16 collectives in float32 (its float normalization; right after
   partitioning, a bfloat16 model's weight gathers and gradient reductions are bfloat16), so
@@ -275,7 +281,7 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
             "smaller batch (PERCORE_BATCH_SIZE)": batch, "more FSDP (mesh)": fsdp}
 
 
-def find_changes(exp, p: Plan, budget: int, graph_overrides: dict[str, str]
+def find_changes(exp, p: Plan, budget: int, graph_overrides: dict[str, str], hopper: bool = True
                  ) -> dict[str, list[Change]]:
     """Per kind, the candidates tried in order, up to and including the first that fits;
     each keeps the command line's graph overrides."""
@@ -285,7 +291,7 @@ def find_changes(exp, p: Plan, budget: int, graph_overrides: dict[str, str]
         for changed, cost in candidates:
             try:
                 variant = type(exp)(**{**exp.hyperparameters(), **changed})
-                config = variant.run_config()
+                config = variant.run_config(plan_for_hopper=hopper)
                 overrides.apply_to_graph(config, graph_overrides, variant.hyperparameter_types())
                 change = Change(changed, cost, plan=plan(variant, config))
             except UserError as error:
@@ -319,7 +325,8 @@ def report(exp, config: fdl.Config, graph_overrides: dict[str, str] | None = Non
         lines.append(f"  {name:<26} {_size(size):>9} usable  {_verdict(p, size)}")
     if not fits(p, budget):
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
-        for kind, tried in find_changes(exp, p, budget, graph_overrides or {}).items():
+        for kind, tried in find_changes(exp, p, budget, graph_overrides or {},
+                                           chosen.hopper).items():
             lines += _describe_changes(kind, tried, budget)
     step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
     measured = MEASURED_MFU.get(type(exp).__name__, {}).get(device)
@@ -328,7 +335,7 @@ def report(exp, config: fdl.Config, graph_overrides: dict[str, str] | None = Non
               f"  step time {step_s:.3g} s, {p.tokens_per_step / step_s:,.0f} tokens/s, "
               f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device",
               f"  measured MFU on {chosen.name}: " + (
-                  f"{measured:.1%}" if measured is not None else
+                  f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
                   f"none recorded for {type(exp).__name__} yet (no GPU run so far; "
                   f"bench/gpu_bench.py measures it)")]
     lines += ["", "Caveats", CAVEATS, "",

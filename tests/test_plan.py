@@ -227,3 +227,16 @@ def _status(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+def test_a_cudnn_run_plans_on_cpu_with_the_fused_kernels_memory():
+    """ATTENTION_IMPL=cudnn plans on CPU devices (for an H100, as --mode=plan does): the
+    fused kernel keeps no [T, T] scores, so at 512 tokens its step needs less memory than
+    praxis's materialised attention."""
+    shape = dict(ICI_MESH_SHAPE=[1, 1, 1], PERCORE_BATCH_SIZE=4, MAX_SEQ_LEN=512)
+    peaks = {}
+    for impl in ("praxis", "cudnn"):
+        exp = experiments.BaseExperiment(**{**TINY, **shape, "ATTENTION_IMPL": impl})
+        peaks[impl] = plan.plan(exp, exp.run_config(plan_for_hopper=True)).memory.temporaries
+    # praxis keeps float32 scores and probabilities per layer: 4 x 8 x 512 x 512 x 4 bytes.
+    assert peaks["praxis"] - peaks["cudnn"] > 32 * 2**20, peaks

@@ -1,0 +1,121 @@
+"""Attention kernels alone, forward + backward: milliseconds per call of each
+implementation of layers/attention.py at one shape, on whatever device is present.
+
+Rows: praxis's materialised attention (einsums around a float32 softmax, the mask as a
+bias), XLA's jax.nn.dot_product_attention, Pallas Triton with segment ids, cuDNN causal
+(no segments) and cuDNN packed (segments as lengths and starts) with one and with three
+documents per row. The packed cuDNN row is the path ATTENTION_IMPL=auto takes on Hopper.
+
+    python bench/attention_kernels.py                          # B=8 T=2048 N=12 H=64 bf16
+    python bench/attention_kernels.py --kv_heads 4 --heads 32  # grouped-query
+    python bench/attention_kernels.py --tiny                   # CPU smoke run
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from layers import attention  # noqa: E402
+
+
+def reference(query, key, value, segment_ids):
+    """Materialised attention, as praxis computes it (float32 softmax over a masked bias)."""
+    groups = query.shape[2] // key.shape[2]
+    key, value = (jnp.repeat(x, groups, axis=2) for x in (key, value))
+    logits = jnp.einsum("btnh,bsnh->bnts", query, key).astype(jnp.float32)
+    seq = query.shape[1]
+    allowed = (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tril(
+        jnp.ones((seq, seq), bool))
+    logits = jnp.where(allowed[:, None], logits, -0.7 * jnp.finfo(jnp.float32).max)
+    probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, value)
+
+
+def pallas(query, key, value, segment_ids):
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    groups = query.shape[2] // key.shape[2]
+    key, value = (jnp.repeat(x, groups, axis=2) for x in (key, value))
+    return pallas_attention.mha(query, key, value, segment_ids, sm_scale=1.0, causal=True,
+                                interpret=jax.default_backend() != "gpu")
+
+
+def implementations(on_gpu: bool):
+    rows = {
+        "praxis (materialised)": reference,
+        "xla": lambda q, k, v, s: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="xla"),
+        "pallas (segment ids)": pallas,
+    }
+    if on_gpu:
+        rows["cudnn causal"] = lambda q, k, v, s: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn")
+        rows["cudnn packed"] = attention.cudnn_packed_attention
+    return rows
+
+
+def time_call(fn, args, repeats: int) -> float:
+    """Median milliseconds of fn(*args) after one warm-up (compilation) call."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--kv_heads", type=int, default=0, help="0 = as many as --heads")
+    parser.add_argument("--head_dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tiny", action="store_true", help="B=2 T=128 N=4 H=16 (CPU)")
+    args = parser.parse_args()
+    if args.tiny:
+        args.batch, args.seq, args.heads, args.head_dim, args.repeats = 2, 128, 4, 16, 2
+    kv_heads = args.kv_heads or args.heads
+    on_gpu = jax.default_backend() == "gpu"
+    b, t = args.batch, args.seq
+    keys = jax.random.split(jax.random.key(0), 4)
+    query = jax.random.normal(keys[0], (b, t, args.heads, args.head_dim), jnp.bfloat16)
+    key, value = (jax.random.normal(k, (b, t, kv_heads, args.head_dim), jnp.bfloat16)
+                  for k in keys[1:3])
+    query = query * args.head_dim**-0.5
+    cotangent = jax.random.normal(keys[3], query.shape, jnp.bfloat16)
+    # Rows of one document, and rows of three documents (the packed Pile's common case).
+    one_doc = jnp.ones((b, t), jnp.int32)
+    three_docs = 1 + (jnp.arange(t)[None, :] >= t // 3) + (jnp.arange(t)[None, :] >= t // 2)
+    three_docs = jnp.broadcast_to(three_docs, (b, t)).astype(jnp.int32)
+
+    print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: B={b} T={t} "
+          f"heads={args.heads} kv_heads={kv_heads} head_dim={args.head_dim} bf16, causal, "
+          f"forward + backward, median of {args.repeats}")
+    for name, fn in implementations(on_gpu).items():
+        def fwd_bwd(q, k, v, s, fn=fn):
+            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, s), q, k, v)
+            return out, vjp(cotangent)
+
+        step = jax.jit(fwd_bwd)
+        for docs, segments in (("1 doc/row", one_doc), ("3 docs/row", three_docs)):
+            if name in ("xla", "cudnn causal") and docs != "1 doc/row":
+                continue  # no segments: the same call as one document per row
+            try:
+                ms = time_call(step, (query, key, value, segments), args.repeats)
+                print(f"  {name:24s} {docs:11s} {ms:8.3f} ms")
+            except Exception as e:  # noqa: BLE001 - a kernel this device lacks is a row
+                print(f"  {name:24s} {docs:11s} failed: {str(e).splitlines()[0][:120]}")
+
+
+if __name__ == "__main__":
+    main()
