@@ -81,7 +81,8 @@ def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
     try:
         impl = attention.resolve(exp.ATTENTION_IMPL, packed_input=exp.PACKED_INPUT,
                                  platform=platform, atten_dropout_prob=dropout,
-                                 hopper_or_newer=hopper)
+                                 hopper_or_newer=hopper, dtype=exp.FPROP_DTYPE,
+                                 head_dim=exp.DIMS_PER_HEAD)
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(layer, impl, hopper_or_newer=hopper)
     except ValueError as e:

@@ -21,9 +21,9 @@ implementations:
             packed rows on any GPU. Run per device under shard_map (Pallas kernels are not
             partitioned by XLA). On CPU it runs in interpret mode, which is slow and meant
             for tests.
-- "auto":   the fastest exact choice (README, "Attention"): "cudnn" on Hopper or newer, and
-            on older GPUs without packing; "pallas" on older GPUs with packing; "praxis" on
-            CPU and wherever attention dropout is on.
+- "auto":   the fastest exact choice (README, "Attention"): "cudnn" where it can run (a
+            GPU, bf16/fp16, packed rows only on Hopper or newer), else "pallas" on a GPU;
+            "praxis" on CPU and wherever attention dropout is on.
 """
 
 import functools
@@ -324,23 +324,28 @@ flash_attention.defvjp(_flash_vjp_forward, _flash_vjp_backward)
 
 
 def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float,
-            hopper_or_newer: bool = True) -> str:
+            hopper_or_newer: bool = True, dtype: str = "bfloat16", head_dim: int = 64) -> str:
     """The implementation to use for ATTENTION_IMPL=`impl` on `platform`; ValueError (one
     line) for a choice that cannot be exact or cannot run there. `hopper_or_newer`: the
-    GPU has cuDNN's packed layout (compute capability 9.0+)."""
+    GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE."""
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
+    max_head_dim = 256 if hopper_or_newer else 128
+    cudnn_problem = (
+        f"needs a GPU (this is {platform}); use 'xla' or 'praxis'" if platform != "gpu" else
+        f"needs FPROP_DTYPE bfloat16 or float16 (not {dtype}); use 'pallas'"
+        if dtype not in ("bfloat16", "float16") else
+        f"needs a head dimension that is a multiple of 8 and at most {max_head_dim} (not "
+        f"{head_dim}); use 'pallas'" if head_dim % 8 or head_dim > max_head_dim else
+        "masks packed rows only on Hopper or newer GPUs; use 'pallas', or "
+        "--fdl.PACKED_INPUT=False" if packed_input and not hopper_or_newer else None)
     if impl == "auto":
         if atten_dropout_prob > 0 or platform != "gpu":
             return "praxis"
-        return "pallas" if packed_input and not hopper_or_newer else "cudnn"
-    if impl == "cudnn" and platform != "gpu":
-        raise ValueError(f"ATTENTION_IMPL='cudnn' needs a GPU (this is {platform}); use 'xla' "
-                         f"or 'praxis'")
-    if impl == "cudnn" and packed_input and not hopper_or_newer:
-        raise ValueError("ATTENTION_IMPL='cudnn' masks packed rows only on Hopper or newer "
-                         "GPUs; use 'pallas', or --fdl.PACKED_INPUT=False")
+        return "pallas" if cudnn_problem else "cudnn"
+    if impl == "cudnn" and cudnn_problem:
+        raise ValueError(f"ATTENTION_IMPL='cudnn' {cudnn_problem}")
     return impl
 
 

@@ -258,21 +258,27 @@ def test_the_llama_family_builds_with_every_implementation(impl, kv_heads):
 
 
 def test_auto_and_refusals():
-    def resolve(impl, packed=True, platform="gpu", dropout=0.0, hopper=True):
+    def resolve(impl, packed=True, platform="gpu", dropout=0.0, hopper=True, dtype="bfloat16",
+                head_dim=64):
         return attention.resolve(impl, packed_input=packed, platform=platform,
-                                 atten_dropout_prob=dropout, hopper_or_newer=hopper)
+                                 atten_dropout_prob=dropout, hopper_or_newer=hopper,
+                                 dtype=dtype, head_dim=head_dim)
 
     assert resolve("auto", platform="cpu") == "praxis"
     assert resolve("auto") == "cudnn"  # packed cuDNN on Hopper or newer
     assert resolve("auto", packed=False) == "cudnn"
     assert resolve("auto", hopper=False) == "pallas"  # no packed cuDNN before Hopper
     assert resolve("auto", packed=False, hopper=False) == "cudnn"
+    assert resolve("auto", dtype="float32") == "pallas"  # cuDNN is bf16/fp16 only
+    assert resolve("auto", head_dim=160, hopper=False, packed=False) == "pallas"
     assert resolve("auto", dropout=0.1) == "praxis"
     assert resolve("cudnn") == "cudnn"
-    with pytest.raises(ValueError, match="only on Hopper or newer"):
-        resolve("cudnn", hopper=False)
-    with pytest.raises(ValueError, match="needs a GPU"):
-        resolve("cudnn", packed=False, platform="cpu")
+    for settings, message in ((dict(hopper=False), "only on Hopper or newer"),
+                              (dict(platform="cpu"), "needs a GPU"),
+                              (dict(dtype="float32"), "needs FPROP_DTYPE bfloat16"),
+                              (dict(head_dim=12), "multiple of 8")):
+        with pytest.raises(ValueError, match=message):
+            resolve("cudnn", **settings)
     with pytest.raises(UserError, match="ATTENTION_IMPL='pallas' has no attention dropout"):
         make_trainer("/tmp/unused", ATTENTION_IMPL="pallas", DROPOUT_PROB=0.1,
                      ICI_MESH_SHAPE=[1, 1, 1])
