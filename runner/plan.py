@@ -336,8 +336,8 @@ def report(exp, config: fdl.Config, graph_overrides: dict[str, str] | None = Non
               f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device",
               f"  measured MFU on {chosen.name}: " + (
                   f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
-                  f"none recorded for {type(exp).__name__} yet (no GPU run so far; "
-                  f"bench/gpu_bench.py measures it)")]
+                  f"none recorded for {type(exp).__name__} yet (bench/gpu_bench.py "
+                  f"measures it)")]
     lines += ["", "Caveats", CAVEATS, "",
               f"planned in {time.perf_counter() - start:.1f}s "
               f"(train step compiled in {p.compile_s:.1f}s)"]
