@@ -1,32 +1,48 @@
 """Training speed per model and attention implementation, on whatever devices are present.
 
-For each experiment (Synthetic126M, GPT1_3B, and Synthetic5B cut to 8 layers so it fits one
-GPU) and each attention implementation (layers/attention.py): compile time, steady step
-time, tokens/s, MFU (the README's formula, against runner/throughput.py's peak table) and
-peak device memory, as a table on stdout and a JSON file. The data are synthetic rows of
-one document each, so "cudnn" (causal only) runs them with PACKED_INPUT=False and computes
-the same thing as the others. With --tiny (the default on CPU) every model shrinks to
-2 layers x 64, so CI can run the whole path in seconds.
+For each experiment (Synthetic126M, GPT1_3B, Synthetic5B cut to 8 layers so it fits one
+GPU, and Llama1B, the last three on synthetic data) and each attention implementation
+(layers/attention.py: praxis, xla, cudnn, pallas, auto): compile time, steady step time,
+tokens/s, MFU (the README's formula, against runner/throughput.py's peak table), peak
+device memory and XLA's own estimate of it, as a table on stdout and a JSON file (a list
+of rows, each with the device kind and the jax and torch versions).
+
+Every row runs in a fresh child process (`--one CONFIG IMPL`, which prints one JSON line),
+so its peak device memory is its own and not the maximum of the rows before it, and an
+out-of-memory row cannot disturb the next one. A child times the loop main.py runs
+(Trainer.train): batches from the prefetch thread, the state donated, steps dispatched
+without waiting for the device (except on CPU, as the Trainer), one wait at the end of the
+timed window. A thread beside the loop notes when each step's outputs become ready; the
+step time is the median of those intervals.
+
+The rows train on synthetic data, rows of one document each, packed as the experiment
+says (PACKED_INPUT; all of them pack); --unpacked sets PACKED_INPUT=False everywhere.
+With --torch, a plain PyTorch GPT of the same shape (bench/torch_gpt.py, one device)
+runs first for each GPT experiment, and each row shows its tokens/s per device over the
+torch peer's. With --tiny (the default on CPU) every model, the torch peer's too, shrinks
+to 2 layers x 64, so CI can run the whole path in seconds.
 
     python bench/gpu_bench.py --json runs/gpu_bench.json                  # on the GPUs present
-    python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas --steps 20
+    python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas,cudnn --steps 20
+    python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
+    python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/gpu_bench.py --steps 2
 """
 
 import argparse
+import importlib.util
+import itertools
 import json
 import os
+import queue
+import statistics
+import subprocess
 import sys
+import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import jax  # noqa: E402
-from praxis import pax_fiddle  # noqa: E402
-
-import experiments  # noqa: E402
-from runner import mesh as mesh_lib  # noqa: E402
-from runner.trainer import Trainer  # noqa: E402
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
 
 # Per experiment: its overrides, and whether its weights are split over the devices (FSDP)
 # or copied to each (data parallelism).
@@ -34,99 +50,382 @@ CONFIGS = {
     "Synthetic126M": ({}, "dp"),
     "GPT1_3B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
     "Synthetic5B": ({"NUM_LAYERS": 8}, "fsdp"),
+    "Llama1B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
 }
+# The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
+TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
 TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,
             MAX_SEQ_LEN=128, VOCAB_SIZE=512, PERCORE_BATCH_SIZE=1)
+# A child's result is the stdout line that starts with this; anything else it prints
+# (the runner's log lines, library warnings) is not parsed.
+ROW_PREFIX = "gpu_bench row: "
+GIB = 2**30
 
 
-def build(name: str, impl: str, tiny: bool, percore_batch_size: float | None) -> Trainer:
+def experiment(name: str, impl: str, *, tiny: bool, devices: int,
+               percore_batch_size: float | None = None, unpacked: bool = False):
+    """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`."""
+    import experiments
+
     overrides, layout = CONFIGS[name]
-    n = jax.device_count()
     settings = {
         **overrides,
-        "ICI_MESH_SHAPE": [n, 1, 1] if layout == "dp" else [1, n, 1],
+        "ICI_MESH_SHAPE": [devices, 1, 1] if layout == "dp" else [1, devices, 1],
         "DCN_MESH_SHAPE": [1, 1, 1],
-        "ATTENTION_IMPL": impl,
-        "PACKED_INPUT": impl != "cudnn",
         "EVAL_BATCHES": 0,
         **(TINY if tiny else {}),
     }
+    if impl != "torch":
+        settings["ATTENTION_IMPL"] = impl
+    if unpacked:
+        settings["PACKED_INPUT"] = False
     if percore_batch_size:
         settings["PERCORE_BATCH_SIZE"] = percore_batch_size
-    exp = experiments.resolve(f"experiments.{name}")(**settings)
-    run = pax_fiddle.build(exp.run_config())
+    return experiments.resolve(f"experiments.{name}")(**settings)
+
+
+# ----- a child: one row -------------------------------------------------------------
+
+
+class CompletionClock:
+    """Notes when each dispatched step's metrics become ready, on a thread of its own, so
+    that the loop being timed never waits for the device itself."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._watch, name="completion-clock",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, metrics) -> None:
+        self._queue.put(metrics)
+
+    def _watch(self) -> None:
+        import jax
+
+        while (metrics := self._queue.get()) is not None:
+            jax.block_until_ready(metrics)
+            self.times.append(time.perf_counter())
+
+    def close(self) -> list[float]:
+        self._queue.put(None)
+        self._thread.join()
+        return self.times
+
+
+def train_steps(trainer, state, prefetcher, steps: int, clock: CompletionClock | None = None):
+    """`steps` iterations of Trainer.train's loop body: the next prefetched batch, the
+    donated step dispatched under the mesh, no wait on GPUs (the Trainer waits on CPU,
+    see Trainer.__init__, so this does too)."""
+    import jax
+
+    metrics = None
+    for _ in range(steps):
+        batch, _ = next(prefetcher)
+        with trainer.mesh:
+            state, metrics = trainer.train_step(state, batch)
+        if trainer.sync_every_step:
+            jax.block_until_ready(metrics)
+        if clock is not None:
+            clock.add(metrics)
+    return state, metrics
+
+
+def attention_used(config) -> str:
+    """The implementation the built graph's attention runs ("auto" resolved)."""
+    import fiddle as fdl
+    from fiddle import daglish
+
+    for value, _ in daglish.iterate(config.model):
+        if isinstance(value, fdl.Buildable) and "attention_impl" in value.__arguments__:
+            return value.attention_impl
+    return "praxis"
+
+
+def memory_analysis(compiled) -> dict | None:
+    """XLA's memory estimate of the compiled step, per device, or None where the backend
+    gives none: arguments + outputs - what the outputs reuse of the (donated) arguments
+    + temporaries."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # not implemented on every backend and jax version
+        return None
+    if stats is None:
+        return None
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+              "temp_size_in_bytes", "generated_code_size_in_bytes")
+    sizes = {f: int(getattr(stats, f, 0) or 0) for f in fields}
+    total = (sizes["argument_size_in_bytes"] + sizes["output_size_in_bytes"]
+             - sizes["alias_size_in_bytes"] + sizes["temp_size_in_bytes"])
+    return {"xla_memory_gib": total / GIB, "xla_memory_bytes": sizes}
+
+
+def peak_memory_gib() -> float | None:
+    """The most device memory any local device has held in this process (None on backends
+    without allocator statistics, as XLA:CPU)."""
+    import jax
+
+    peak = max((d.memory_stats() or {}).get("peak_bytes_in_use", 0) for d in jax.local_devices())
+    return peak / GIB if peak else None
+
+
+def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
+    import jax
+    from praxis import pax_fiddle
+
+    from runner import mesh as mesh_lib
+    from runner.prefetch import Prefetcher
+    from runner.trainer import Trainer
+
+    config = exp.run_config()
+    run = pax_fiddle.build(config)
     mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
-    return Trainer(run, mesh, "/tmp/paxloom-bench")
-
-
-def measure(trainer: Trainer, steps: int) -> dict:
+    trainer = Trainer(run, mesh, "/tmp/paxloom-bench", peak_tflops=peak_tflops)
     state = trainer.init_state()
-    batch = trainer.to_device(trainer.make_train_input().next_batch())
-    start = time.perf_counter()
-    with trainer.mesh:
-        step = trainer.train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - start
-    with trainer.mesh:
-        for _ in range(2):  # warm up
-            state, metrics = step(state, batch)
-        jax.block_until_ready(metrics)
+    prefetcher = Prefetcher(trainer.make_train_input(), trainer.to_device)
+    try:
+        batch, _ = next(prefetcher)
+        # Compiled ahead of the loop, to time compilation alone and read XLA's memory
+        # analysis; the jitted step's first call below reuses this executable.
         start = time.perf_counter()
-        for _ in range(steps):
-            state, metrics = step(state, batch)
-            if trainer.sync_every_step:  # XLA:CPU, see Trainer.__init__
-                jax.block_until_ready(metrics)
+        with trainer.mesh:
+            compiled = trainer.train_step.lower(state, batch).compile()
+        compile_s = time.perf_counter() - start
+        xla_memory = memory_analysis(compiled)
+        del compiled
+        start = time.perf_counter()
+        with trainer.mesh:  # the first step, which the Trainer also waits for
+            state, metrics = trainer.train_step(state, batch)
+        first_loss = float(metrics["loss"])
+        first_step_s = time.perf_counter() - start
+        state, metrics = train_steps(trainer, state, prefetcher, warmup)
         jax.block_until_ready((state, metrics))
-    step_s = (time.perf_counter() - start) / steps
-    tokens_per_s = trainer.global_batch_size * trainer.run.model_shape.seq_len / step_s
-    stats = jax.devices()[0].memory_stats() or {}
+        clock = CompletionClock()
+        start = time.perf_counter()
+        state, metrics = train_steps(trainer, state, prefetcher, steps, clock)
+        jax.block_until_ready((state, metrics))
+        window_s = time.perf_counter() - start
+        done = clock.close()
+    finally:
+        prefetcher.close()
+    step_s = statistics.median(b - a for a, b in itertools.pairwise([start, *done]))
+    tokens_per_step = trainer.global_batch_size * run.model_shape.seq_len
+    tokens_per_s = tokens_per_step / step_s
     mfu = (tokens_per_s * trainer.flops_per_token / (jax.device_count() * trainer.peak_flops)
            if trainer.peak_flops else None)
-    return {"params": trainer.num_params, "global_batch": trainer.global_batch_size,
-            "seq_len": trainer.run.model_shape.seq_len, "compile_s": compile_s,
-            "step_s": step_s, "tokens_per_s": tokens_per_s, "mfu": mfu,
-            "peak_memory_gib": stats.get("peak_bytes_in_use", 0) / 2**30 or None,
-            "loss": float(metrics["loss"])}
+    return {
+        "resolved": attention_used(config), "packed": exp.PACKED_INPUT,
+        "checkpoint_policy": exp.CHECKPOINT_POLICY, "params": trainer.num_params,
+        "global_batch": trainer.global_batch_size, "seq_len": run.model_shape.seq_len,
+        "compile_s": compile_s, "first_step_s": first_step_s, "step_s": step_s,
+        "mean_step_s": window_s / steps, "tokens_per_s": tokens_per_s, "mfu": mfu,
+        "peak_memory_gib": peak_memory_gib(), **(xla_memory or {}),
+        "loss": first_loss, "last_loss": float(metrics["loss"]),
+        "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
+        "jax": jax.__version__,
+    }
+
+
+def run_one(args) -> int:
+    """--one CONFIG IMPL: measure one row here and print it as one JSON line."""
+    name, impl = args.one
+    row = {"experiment": name, "attention": impl, "tiny": args.tiny, "steps": args.steps}
+    try:
+        if impl == "torch":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import torch_gpt
+
+            exp = experiment(name, impl, tiny=args.tiny, devices=1,
+                             percore_batch_size=args.percore_batch_size, unpacked=True)
+            row.update(torch_gpt.measure(exp, args.steps, args.warmup, args.peak_tflops))
+        else:
+            import jax
+
+            # The compile column is a cold compile, whatever cache main.py would use.
+            jax.config.update("jax_enable_compilation_cache", False)
+            exp = experiment(name, impl, tiny=args.tiny, devices=jax.device_count(),
+                             percore_batch_size=args.percore_batch_size,
+                             unpacked=args.unpacked)
+            row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops))
+    except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
+        row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+    print(ROW_PREFIX + json.dumps(row), flush=True)
+    return 0
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here (looked up, not imported: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or blocked installation
+        return False
+
+
+def on_accelerator(impl: str) -> bool:
+    """Whether a row of `impl` run here would run on a GPU (or TPU). A torch row asks
+    torch, so that its process never starts jax on the GPU, which would hold memory."""
+    if impl == "torch":
+        if not torch_installed():
+            return False
+        import torch
+
+        return torch.cuda.is_available()
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def run_probe() -> int:
+    """--probe: what the children will run on, without the parent touching a device (a
+    parent holding the GPU would leave its children less memory)."""
+    import jax
+
+    device = jax.devices()[0]
+    print(ROW_PREFIX + json.dumps({
+        "backend": jax.default_backend(), "device": device.device_kind,
+        "devices": jax.device_count(), "jax": jax.__version__}), flush=True)
+    return 0
+
+
+# ----- the parent: a child per row ------------------------------------------------------
+
+
+def child(argv: list[str], timeout_s: float, env: dict | None = None) -> dict:
+    """Run this script with `argv` in a fresh process; its row, or an error row."""
+    command = [sys.executable, os.path.abspath(__file__), *argv]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                              cwd=REPO_ROOT, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f}s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(ROW_PREFIX):
+            return json.loads(line[len(ROW_PREFIX):])
+    # Killed (out of host memory, a crash in a kernel): the last words are on stderr.
+    tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    sys.stderr.write("\n".join(tail[-20:]) + "\n")
+    return {"error": f"exit status {done.returncode}: {tail[-1][:300] if tail else ''}"}
+
+
+def child_argv(args, name: str, impl: str) -> list[str]:
+    argv = ["--one", name, impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--tiny" if args.tiny else "--no-tiny", "--peak_tflops", str(args.peak_tflops)]
+    if args.percore_batch_size:
+        argv += ["--percore_batch_size", str(args.percore_batch_size)]
+    if args.unpacked:
+        argv.append("--unpacked")
+    return argv
+
+
+HEADER = (f"{'experiment':<14} {'attention':<14} {'packed':<6} {'params':>8} {'batch':>10} "
+          f"{'compile':>8} {'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak':>7} {'XLA est':>7} "
+          f"{'vs torch':>8}")
+
+
+def format_row(row: dict) -> str:
+    impl = row["attention"]
+    if row.get("resolved") and row["resolved"] != impl:
+        impl = f"{impl}>{row['resolved']}"
+    start = f"{row['experiment']:<14} {impl:<14}"
+    if "error" in row:
+        return f"{start} error: {row['error']}"
+    if "skipped" in row:
+        return f"{start} skipped: {row['skipped']}"
+
+    def gib(value):  # a tiny CPU model's few MiB must not print as 0.00G
+        if not value:
+            return "-"
+        return f"{value:.1f}G" if value >= 1 else f"{value * 1024:.0f}M"
+
+    mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
+    ratio = f"x{row['vs_torch']:.2f}" if row.get("vs_torch") else ""
+    batch = f"{row['global_batch']}x{row['seq_len']}"
+    return (f"{start} {'yes' if row['packed'] else 'no':<6} {row['params'] / 1e6:>7.1f}M "
+            f"{batch:>10} {row['compile_s']:>7.1f}s {row['step_s'] * 1e3:>7.1f}ms "
+            f"{row['tokens_per_s']:>11,.0f} {mfu:>6} {gib(row.get('peak_memory_gib')):>7} "
+            f"{gib(row.get('xla_memory_gib')):>7} {ratio:>8}")
 
 
 def main() -> int:
-    on_gpu = jax.default_backend() == "gpu"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--impls", default="praxis,xla,cudnn,pallas" if on_gpu
-                        else "praxis,xla,pallas")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--impls", default="auto,praxis",
+                        help="comma-separated ATTENTION_IMPLs: praxis, xla, cudnn, pallas, auto")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed steps after the first (compiling) one")
     parser.add_argument("--percore_batch_size", type=float, default=None,
                         help="override every experiment's PERCORE_BATCH_SIZE")
-    parser.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=not on_gpu,
+    parser.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                         help="2 layers x 64 (default on CPU)")
+    parser.add_argument("--unpacked", action="store_true",
+                        help="PACKED_INPUT=False in every row (plain causal attention)")
+    parser.add_argument("--torch", action="store_true",
+                        help="also time bench/torch_gpt.py's PyTorch peer of each GPT "
+                             "experiment and show the ratio")
+    parser.add_argument("--peak_tflops", type=float, default=0.0,
+                        help="peak TFLOP/s per device for MFU (default: runner/throughput.py's "
+                             "table)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds one row may take")
     parser.add_argument("--json", default="runs/gpu_bench.json")
+    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "IMPL"),
+                        help="run one row in this process and print it as JSON (IMPL 'torch': "
+                             "the PyTorch peer)")
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe:
+        return run_probe()
+    configs, impls = args.configs.split(","), args.impls.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be at least 1 and --warmup at least 0")
+    if args.one:
+        if args.tiny is None:
+            args.tiny = not on_accelerator(args.one[1])
+        return run_one(args)
 
-    device = jax.devices()[0]
-    print(f"device: {device.device_kind} x {jax.device_count()}, jax {jax.__version__}, "
-          f"{'tiny shapes' if args.tiny else 'full shapes'}, {args.steps} timed steps")
-    header = (f"{'experiment':<14} {'attention':<8} {'params':>9} {'batch':>9} {'compile':>8} "
-              f"{'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak mem':>9}")
-    print(header)
+    # Without preallocation, the probe's look at the GPU is quick and leaves nothing behind.
+    probe = child(["--probe"], 300, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    if "error" in probe:
+        print(f"error: cannot start jax: {probe['error']}", file=sys.stderr)
+        return 1
+    if args.tiny is None:
+        args.tiny = probe["backend"] == "cpu"
+    run_torch = args.torch and torch_installed()
+    if args.torch and not run_torch:
+        print("--torch: torch is not installed here; no PyTorch peer rows")
+    print(f"device: {probe['device']} x {probe['devices']}, jax {probe['jax']}, "
+          f"{'tiny shapes' if args.tiny else 'full shapes'}, {args.warmup} warm-up + "
+          f"{args.steps} timed steps, a process per row")
+    print(HEADER)
     rows = []
-    for name in args.configs.split(","):
-        for impl in args.impls.split(","):
-            row = {"experiment": name, "attention": impl, "device": device.device_kind,
-                   "devices": jax.device_count(), "jax": jax.__version__, "tiny": args.tiny}
-            try:
-                row.update(measure(build(name, impl, args.tiny, args.percore_batch_size),
-                                   args.steps))
-            except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                print(f"{name:<14} {impl:<8} error: {row['error']}")
-            else:
-                mfu = f"{row['mfu']:.1%}" if row["mfu"] else "-"
-                mem = f"{row['peak_memory_gib']:.1f}G" if row["peak_memory_gib"] else "-"
-                print(f"{name:<14} {impl:<8} {row['params'] / 1e6:>8.1f}M "
-                      f"{row['global_batch']:>4}x{row['seq_len']:<4} {row['compile_s']:>7.1f}s "
-                      f"{row['step_s'] * 1e3:>7.1f}ms {row['tokens_per_s']:>11,.0f} {mfu:>6} "
-                      f"{mem:>9}")
+    for name in configs:
+        peer = None
+        if run_torch and name in TORCH_CONFIGS:
+            peer = {"experiment": name, "attention": "torch",
+                    **child(child_argv(args, name, "torch"), args.timeout)}
+            print(format_row(peer), flush=True)
+            rows.append(peer)
+            if "error" in peer or "skipped" in peer:
+                peer = None
+        for impl in impls:
+            row = {"experiment": name, "attention": impl,
+                   **child(child_argv(args, name, impl), args.timeout)}
+            if peer is not None and "error" not in row:
+                # Per device: the torch peer runs on one.
+                row["vs_torch"] = row["tokens_per_s"] / row["devices"] / peer["tokens_per_s"]
+            print(format_row(row), flush=True)
             rows.append(row)
+    torch_version = next((r["torch"] for r in rows if r.get("torch")), None)
+    for row in rows:
+        row.setdefault("device", probe["device"])
+        row.setdefault("devices", probe["devices"])
+        row.update(jax=probe["jax"], torch=torch_version, tiny=args.tiny)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=2)

@@ -12,6 +12,7 @@ def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     """bench/gpu_bench.py's CPU mode (tiny shapes): a row with figures per implementation."""
     out = subprocess.run(
         [sys.executable, "bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
+         "--impls=praxis,xla,pallas",
          f"--json={tmp_path / 'bench.json'}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
         env=dict(os.environ))  # conftest: 8 CPU devices
