@@ -19,7 +19,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
 
-from runner import xla_flags
+from runner import compilation_cache, xla_flags
 from runner.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -99,6 +99,14 @@ flags.DEFINE_string("wandb_project", None, "Also log to this Weights & Biases pr
                     "(needs `pip install wandb`; WANDB_MODE=offline works without a network).")
 flags.DEFINE_bool("should_log_compiles", False, "Log every JAX compilation (paxml's flag; "
                   "sets jax_log_compiles).")
+flags.DEFINE_string("jax_compilation_cache_dir", None, "JAX's persistent compilation cache "
+                    "(jax's option and MaxText's jax_cache_dir): compiled programs are kept "
+                    "here and a restart loads them instead of compiling, and logs 'loaded "
+                    "from the persistent compilation cache'. Default: "
+                    "$JAX_COMPILATION_CACHE_DIR if set, else "
+                    "$XDG_CACHE_HOME/paxloom/jax_compilation_cache (~/.cache/paxloom/...); "
+                    "'none' or '' turns it off (runner/compilation_cache.py).")
+flags.DEFINE_alias("compilation_cache_dir", "jax_compilation_cache_dir")
 
 
 def resolve_experiment(hyperparameter_overrides: dict[str, str]):
@@ -143,9 +151,16 @@ def run_graph(exp, graph_overrides: dict[str, str]):
         config = job.load_config(FLAGS.fdl_config_file)
     else:
         # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
+        # A plan chooses the attention kernel for the GPU it plans for, not for this CPU.
+        planned = {}
+        if FLAGS.mode == "plan":
+            from runner import plan
+
+            planned["plan_for_hopper"] = plan.DEVICE_KINDS.get(FLAGS.plan_device,
+                                                               plan.DEVICE_KINDS["h100"]).hopper
         config = exp.run_config(
             data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
-            vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir)
+            vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir, **planned)
     overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
     if FLAGS.eval_on_test is not None:
         job.set_eval_during_training(config, FLAGS.eval_on_test)
@@ -214,6 +229,8 @@ def main(argv: list[str]) -> int:
         if not FLAGS.job_log_dir:
             raise UserError("--job_log_dir is required (where the config, TensorBoard events "
                             "and checkpoints go)")
+        # Before anything compiles (jax sets its cache up at the first compilation).
+        compilation_cache.enable(FLAGS.jax_compilation_cache_dir)
         # Before anything touches a jax device (building the graph asks for the platform);
         # after the flag checks, so typos fail fast.
         start_distributed()

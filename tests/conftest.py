@@ -3,7 +3,9 @@
 Tests that start main.py in a subprocess pass this environment on: the same devices, XLA:CPU
 compiling with its cheap settings (tests are mostly compile time on 2 cores; the maths is
 unchanged), and one persistent compilation cache for the whole session, so a program that
-several runs compile is compiled once.
+several runs compile is compiled once. main.py's cache is on by default, in the user's
+~/.cache/paxloom: a test that starts it without JAX_COMPILATION_CACHE_DIR must pass
+--jax_compilation_cache_dir (or JAX_COMPILATION_CACHE_DIR="", none) instead.
 """
 
 import os

@@ -74,6 +74,8 @@ def process_env(devices: int) -> dict[str, str]:
         JAX_PLATFORMS="cpu",
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=str(REPO_ROOT),
+        # No persistent cache (main.py's default would be the user's ~/.cache/paxloom).
+        JAX_COMPILATION_CACHE_DIR="",
     )
     return env
 
