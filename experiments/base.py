@@ -69,7 +69,11 @@ class BaseExperiment:
     LAYERNORM_EPSILON: float = 1e-5  # epsilon of every norm (LayerNorm; RMSNorm in Llama)
     PACKED_INPUT: bool = True  # segment ids keep attention inside documents
     EMBEDDING_LOOKUP_STYLE: str = "matmul"  # one-hot "matmul" (as Pax) or gather "index"
-    ATTENTION_IMPL: str = "praxis"  # praxis | xla | cudnn | pallas | auto (layers/attention.py)
+    ATTENTION_IMPL: str = "auto"  # auto | praxis | xla | cudnn | pallas (layers/attention.py)
+    # Training cross-entropy over chunks of this many positions of every sequence, so only
+    # one chunk's [batch, chunk, vocab] logits exist at a time (layers/softmax.py); 0, or a
+    # value >= MAX_SEQ_LEN, computes it in one pass as praxis does. Parameters are the same.
+    LOSS_CHUNK_LEN: int = 512
     # Dropout, praxis StackedTransformer's names; None = DROPOUT_PROB.
     DROPOUT_PROB: float = 0.0
     INPUT_DROPOUT_PROB: float = 0.0  # on the stack's input (embeddings)
@@ -167,6 +171,9 @@ class BaseExperiment:
                      "VOCAB_SIZE", "MAX_SEQ_LEN", "MAX_STEPS", "SUMMARY_INTERVAL_STEPS"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name}={getattr(self, name)} must be positive")
+        if self.LOSS_CHUNK_LEN < 0:
+            raise UserError(f"LOSS_CHUNK_LEN={self.LOSS_CHUNK_LEN} must be >= 0 (0 computes the "
+                            f"loss in one pass)")
         if self.PERCORE_BATCH_SIZE <= 0:
             raise UserError(f"PERCORE_BATCH_SIZE={self.PERCORE_BATCH_SIZE} must be positive")
         for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
@@ -216,7 +223,13 @@ class BaseExperiment:
             softmax_init_std=self.SOFTMAX_INIT_STD,
             layernorm_epsilon=self.LAYERNORM_EPSILON,
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
+            loss_chunk_len=self.loss_chunk_len(),
         )
+
+    def loss_chunk_len(self) -> int:
+        """LOSS_CHUNK_LEN as the model builders take it: 0 where one chunk would hold the
+        whole sequence, so that such a model keeps praxis's own softmax class."""
+        return self.LOSS_CHUNK_LEN if self.LOSS_CHUNK_LEN < self.MAX_SEQ_LEN else 0
 
     def transformer_stack(self) -> "pax_fiddle.Config":
         """The stack of decoder layers with praxis's default layers (layers/stack.py)."""
@@ -239,16 +252,19 @@ class BaseExperiment:
         )
 
     def run_config(self, data_dir: str | None = None, vocab_path: str | None = None,
-                   cache_dir: str | None = None) -> fdl.Config:
+                   cache_dir: str | None = None, plan_for_hopper: bool | None = None
+                   ) -> fdl.Config:
         """The whole run as a Fiddle graph (see experiments/run_graph.py).
 
         `data_dir`, `vocab_path` and `cache_dir` (tokenized data) say where this machine
         keeps the data; they are not hyperparameters, so they come from flags.
+        `plan_for_hopper` (--mode=plan): choose the attention kernel for a GPU, Hopper or
+        newer or not, instead of for this machine.
         """
         from experiments import run_graph
 
         return run_graph.build_run_config(self, data_dir=data_dir, vocab_path=vocab_path,
-                                          cache_dir=cache_dir)
+                                          cache_dir=cache_dir, plan_for_hopper=plan_for_hopper)
 
     @classmethod
     def command(cls) -> str:

@@ -59,6 +59,7 @@ class LlamaBase(BaseExperiment):
             norm_epsilon=self.LAYERNORM_EPSILON,
             rope_max_wavelength=self.ROPE_MAX_WAVELENGTH,
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
+            loss_chunk_len=self.loss_chunk_len(),
         )
 
 

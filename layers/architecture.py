@@ -32,6 +32,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
+from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
 
@@ -53,6 +54,10 @@ _GELU_NAMES = {True: "gelu_tanh", False: "gelu"}
 # Attention classes whose maths is DotProductAttention's (the fused one only swaps kernels).
 _DOT_PRODUCT_ATTENTIONS = (attentions.DotProductAttention,
                            fused_attention.FusedDotProductAttention)
+# Output layers whose logits are praxis's (the chunked ones only change the training loss).
+_TIED_SOFTMAXES = (embedding_softmax.SharedEmbeddingSoftmax,
+                   softmax_layers.ChunkedSharedEmbeddingSoftmax)
+_UNTIED_SOFTMAXES = (embedding_softmax.FullSoftmax, softmax_layers.ChunkedFullSoftmax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +196,8 @@ def describe(model) -> Architecture:
              f"the feed-forward projection is {_cls(ffn.fflayer_tpl).__name__}")
 
     softmax = lm.softmax_tpl
-    tied = _cls(softmax) is embedding_softmax.SharedEmbeddingSoftmax
-    _require(tied or _cls(softmax) is embedding_softmax.FullSoftmax,
+    tied = _cls(softmax) in _TIED_SOFTMAXES
+    _require(tied or _cls(softmax) in _UNTIED_SOFTMAXES,
              f"the softmax is {_cls(softmax).__name__}")
     _require(not softmax.soft_cap_logits, f"logits are soft-capped ({softmax.soft_cap_logits})")
     _require(not softmax.scale_before_logits, "the softmax scales its input (scale_before_logits)")

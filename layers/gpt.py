@@ -11,11 +11,14 @@ TransformerLmSpmdAdafactor/TransformerLmSpmdAdam model:
   scaling (`internal_enable_per_dim_scale=False`), no attention logit cap;
 - feed-forward with biases and tanh-approximated GELU.
 Embedding lookups are one-hot matmuls as in the reference (`EMBEDDING_LOOKUP_STYLE`).
+With `loss_chunk_len` > 0 the tied softmax is layers/softmax.py's subclass, whose training
+cross-entropy runs over chunks of the sequence (same parameters, same loss).
 """
 
 from praxis import pax_fiddle
 from praxis.layers import activations, embedding_softmax, transformer_models
 
+from layers.softmax import ChunkedSharedEmbeddingSoftmax
 from layers.stack import gaussian, language_model, transformer_layer_template
 
 
@@ -31,6 +34,7 @@ def gpt_model(
     softmax_init_std: float,
     layernorm_epsilon: float,
     embedding_lookup_style: str = "matmul",
+    loss_chunk_len: int = 0,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a GPT around `stack` (layers.stack)."""
     lm = pax_fiddle.Config(
@@ -45,8 +49,11 @@ def gpt_model(
         max_seq_length=max_seq_len,
         lookup_style=embedding_lookup_style,
     )
+    # Chunking changes how the training loss is computed, not the layer's parameters.
+    chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
     lm.softmax_tpl = pax_fiddle.Config(
-        embedding_softmax.SharedEmbeddingSoftmax,
+        ChunkedSharedEmbeddingSoftmax if chunked else embedding_softmax.SharedEmbeddingSoftmax,
+        **chunked,
         num_classes=vocab_size,
         input_dims=model_dims,
         scale_sqrt_depth=False,

@@ -7,6 +7,9 @@ and optional grouped-query attention (num_kv_heads < num_heads).
 
 RMSNorm scales are stored as offsets from 1 (`direct_scale=False`, like praxis's
 LayerNorm), so weight decay pulls them towards 1, not 0.
+
+With `loss_chunk_len` > 0 the output layer is layers/softmax.py's FullSoftmax subclass,
+whose training cross-entropy runs over chunks of the sequence (same parameters, same loss).
 """
 
 from praxis import pax_fiddle
@@ -19,6 +22,7 @@ from praxis.layers import (
     transformer_models,
 )
 
+from layers.softmax import ChunkedFullSoftmax
 from layers.stack import gaussian, language_model, transformer_layer_template
 
 
@@ -36,6 +40,7 @@ def llama_model(
     norm_epsilon: float,
     rope_max_wavelength: float,
     embedding_lookup_style: str = "index",
+    loss_chunk_len: int = 0,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`."""
     rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
@@ -52,8 +57,11 @@ def llama_model(
     lm.separate_embedding_tpl = pax_fiddle.Config(
         embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
         scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
+    # Chunking changes how the training loss is computed, not the layer's parameters.
+    chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
     lm.softmax_tpl = pax_fiddle.Config(
-        embedding_softmax.FullSoftmax, num_classes=vocab_size, input_dims=model_dims,
+        ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
+        num_classes=vocab_size, input_dims=model_dims,
         soft_cap_logits=None, params_init=gaussian(softmax_init_std))
     lm.softmax_tpl.feed_forward_tpl.has_bias = False
 

@@ -10,6 +10,7 @@ swapped layers are annotated like the ones they replaced.
 
 import copy
 
+import fiddle as fdl
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax
 
@@ -30,6 +31,18 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
     lookups = {name: getattr(lm, name).lookup_style for name in ("softmax_tpl",
                                                                  "separate_embedding_tpl")
                if _has_lookup_style(getattr(lm, name, None))}
+    # praxis's helper knows FullSoftmax by identity, not subclasses (SharedEmbeddingSoftmax
+    # subclasses it does accept): annotate a subclass, such as layers/softmax.py's chunked
+    # one, as its praxis base and put its class back afterwards.
+    softmax_cls = fdl.get_callable(lm.softmax_tpl) if lm.softmax_tpl is not None else None
+    as_full_softmax = (softmax_cls is not None
+                       and issubclass(softmax_cls, embedding_softmax.FullSoftmax)
+                       and not issubclass(softmax_cls, embedding_softmax.SharedEmbeddingSoftmax)
+                       and softmax_cls is not embedding_softmax.FullSoftmax)
+    if as_full_softmax:
+        own_args = dict(lm.softmax_tpl.__arguments__)  # the subclass's fields are dropped
+        fdl.update_callable(lm.softmax_tpl, embedding_softmax.FullSoftmax,
+                            drop_invalid_args=True)
     lm = lm.cls.set_sharding_params_v1(
         lm,
         replica_axis=replica,
@@ -40,6 +53,11 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
         mesh_axis_names=list(MESH_AXIS_NAMES),
         training_optimized=True,
     )
+    if as_full_softmax:
+        fdl.update_callable(lm.softmax_tpl, softmax_cls)
+        for name, value in own_args.items():
+            if name not in lm.softmax_tpl.__arguments__:
+                setattr(lm.softmax_tpl, name, value)
     for name, style in lookups.items():
         getattr(lm, name).lookup_style = style
     model.lm_tpl = lm

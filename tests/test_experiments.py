@@ -77,7 +77,9 @@ def test_gpt_model_graph_is_the_reference_model(name):
     assert model.apply_eval_sample_weights is True
     lm = model.lm_tpl
     softmax = lm.softmax_tpl
-    assert softmax.cls is embedding_softmax.SharedEmbeddingSoftmax  # tied
+    # Tied; praxis's class with the training loss over chunks of the sequence (layers/softmax.py).
+    assert issubclass(softmax.cls, embedding_softmax.SharedEmbeddingSoftmax)
+    assert softmax.loss_chunk_len == 512
     assert softmax.params_init.scale == ref["SOFTMAX_INIT_STD"]
     assert softmax.scale_sqrt_depth is False and softmax.soft_cap_logits is None
     assert softmax.feed_forward_tpl.has_bias is False
@@ -108,7 +110,7 @@ def test_print_config_shows_the_reference_values(capsys):
                  "LR_COS_DECAY_START = 637", "LR_COS_DECAY_END = 500000",
                  "CHECKPOINT_POLICY = 'none'"):
         assert line in text, line
-    assert "model.lm_tpl.softmax_tpl = SharedEmbeddingSoftmax" in text
+    assert "model.lm_tpl.softmax_tpl = ChunkedSharedEmbeddingSoftmax" in text
     assert "reductions_in_fp32: bool = True" in text
     assert "scale_sqrt_depth: bool = False" in text and "combine_qkv: bool = True" in text
 

@@ -1,0 +1,177 @@
+"""Output layers whose training cross-entropy never holds the whole [B, T, vocab] logits.
+
+praxis's FullSoftmax computes the training loss in one pass: bf16 logits, their float32
+copy, float32 log-probabilities and a float32 one-hot of the labels, each [B, T, vocab],
+plus as many again for the backward pass. With GPT's 50304-piece vocabulary and 2048
+tokens per sequence those copies are a large part of a small model's peak memory.
+
+`ChunkedSharedEmbeddingSoftmax` (tied, layers/gpt.py) and `ChunkedFullSoftmax` (untied,
+layers/llama.py) keep praxis's parameters, so checkpoints are unchanged, and return the
+NestedMap fields praxis's softmax returns. In training (praxis's `do_eval` False) they
+compute the cross-entropy over chunks of `loss_chunk_len` positions of every sequence
+under `lax.scan`, each chunk rematerialised (`jax.checkpoint`): one chunk's [B, chunk,
+vocab] logits are alive at a time, in the forward pass and in the backward pass, which
+recomputes them (one more [tokens, D] x [D, vocab] matmul per step). The chunks cut the
+sequence axis, not the flattened B*T tokens, so every chunk still holds every batch row
+and keeps the batch's sharding over the data axes (a chunk of flattened tokens would sit
+on one data shard). The log-sum-exp is taken in float32, and no one-hot of the labels or
+[.., vocab] log-probabilities are written.
+
+The chunked path returns no `logits` or `log_probs` (None, as praxis's own `chunk_size`
+path does): the LanguageModel's loss and metrics read only the per-token cross-entropy
+and argmax. Evaluation (`do_eval` True), whose callers may read the logits, and any call
+the chunked maths does not cover (class probabilities instead of ids, a sequence no
+longer than one chunk) take praxis's path unchanged.
+"""
+
+import jax
+import jax.numpy as jnp
+from praxis import base_layer, py_utils
+from praxis.layers import embedding_softmax
+
+NestedMap = py_utils.NestedMap
+
+
+def _check_supported(layer) -> None:
+    """Refuse softmax settings whose maths the chunked loss does not reproduce."""
+    if layer.loss_chunk_len < 0:
+        raise ValueError(f"loss_chunk_len={layer.loss_chunk_len} must be >= 0 (0: praxis's path)")
+    if layer.loss_chunk_len == 0:
+        return
+    unsupported = {
+        "label_smoothing_prob": layer.label_smoothing_prob > 0,
+        "z_loss_weight": layer.z_loss_weight > 0,
+        "bi_tempered_loss_tpl": layer.bi_tempered_loss_tpl is not None,
+        "chunk_size": bool(layer.chunk_size),  # praxis's own chunking; one kind at a time
+    }
+    named = [name for name, used in unsupported.items() if used]
+    if named:
+        raise ValueError(f"a chunked training loss (loss_chunk_len={layer.loss_chunk_len}) "
+                         f"does not implement {', '.join(named)}; set loss_chunk_len=0")
+
+
+def _uses_chunks(layer, inputs, class_ids, class_probabilities) -> bool:
+    return (layer.loss_chunk_len > 0 and not layer.do_eval and class_ids is not None
+            and class_probabilities is None and inputs.ndim == 3
+            and inputs.shape[1] > layer.loss_chunk_len)
+
+
+def _chunk_xent(layer, inputs, labels):
+    """(cross-entropy float32, argmax int32), each [B, chunk], of one [B, chunk, D] chunk."""
+    # Logits in float32 before any reduction, as praxis's _compute_xent does.
+    logits = layer.get_logits(inputs).astype(jnp.float32)  # [B, chunk, V]
+    # The same arithmetic as jax.nn.log_softmax, so the values match praxis's to rounding:
+    # shift by the (constant for the gradient) maximum, then log of the summed exponentials.
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    # The label's entry by a gather, not praxis's float32 one-hot product: no [B, chunk, V]
+    # one-hot is written. With the vocabulary split over the tensor axis, XLA partitions
+    # it as a per-shard pick and an all-reduce of [B, chunk] (the logits are not gathered).
+    label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    argmax = jax.lax.stop_gradient(jnp.argmax(logits, axis=-1))
+    return log_sum - label_shifted, argmax
+
+
+def _chunked_xent(layer, inputs, labels):
+    """Per-token cross-entropy and argmax [B, T] over chunks of the sequence axis."""
+    chunk = layer.loss_chunk_len
+    batch, length, dims = inputs.shape
+    # Every chunk's matmul needs its rows' whole model dimension (the tensor axis splits the
+    # vocabulary), so gather it once, before chunking. This also avoids wrong gradients:
+    # with the model dimension still split over the tensor axis, XLA's SPMD partitioner
+    # (jax 0.10.2) miscomputes the gradient of sequence slices' inputs on meshes with
+    # replica, data and tensor axes all > 1 (tests/test_softmax.py, the sharded test).
+    logits_sharding = layer.activation_split_dims_mapping.out  # [batch, None, tensor] axes
+    if logits_sharding is not None:
+        inputs = base_layer.maybe_shard(inputs, [logits_sharding[0], None, None],
+                                        layer.mesh_axis_names)
+    extra = -length % chunk  # pad the last chunk; its padding positions are dropped below
+    if extra:
+        inputs = jnp.pad(inputs, ((0, 0), (0, extra), (0, 0)))
+        labels = jnp.pad(labels, ((0, 0), (0, extra)))
+    num_chunks = (length + extra) // chunk
+    # [B, T, D] -> [chunks, B, chunk, D]: scan runs over the leading axis.
+    xs = jnp.moveaxis(inputs.reshape(batch, num_chunks, chunk, dims), 1, 0)
+    ys = jnp.moveaxis(labels.reshape(batch, num_chunks, chunk), 1, 0)
+    # Flax sets a layer's children up (and, at init, creates their variables) lazily, on
+    # first use, which must not happen inside a jax transform (it leaks tracers): one small
+    # call outside the scan does it first. Its result is unused; XLA drops it.
+    layer.get_logits(xs[0, :, :1])
+
+    def body(carry, chunk_inputs):
+        return carry, _chunk_xent(layer, *chunk_inputs)
+
+    # jax.checkpoint: the backward pass recomputes each chunk's logits instead of the
+    # scan saving [chunks, B, chunk, V] of them for it.
+    _, (xent, argmax) = jax.lax.scan(jax.checkpoint(body), None, (xs, ys))
+    xent = jnp.moveaxis(xent, 0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+    argmax = jnp.moveaxis(argmax, 0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+    return xent, argmax
+
+
+def _outputs(per_example_xent, per_example_argmax, class_ids, class_weights) -> NestedMap:
+    """The NestedMap praxis's FullSoftmax.__call__ returns, from per-token values."""
+    total_xent = jnp.sum(per_example_xent[..., None] * class_weights, dtype=jnp.float32)
+    total_weight = jnp.sum(class_weights, dtype=jnp.float32)
+    accuracy = jnp.sum((per_example_argmax[..., None] == class_ids) * class_weights
+                       ) / total_weight
+    return NestedMap(
+        logits=None,
+        log_probs=None,
+        per_example_argmax=per_example_argmax,
+        per_example_xent=per_example_xent.astype(jnp.float32),
+        total_xent=total_xent,
+        total_weight=total_weight,
+        avg_xent=(total_xent / (total_weight + 1e-6)).astype(jnp.float32),
+        accuracy=accuracy,
+    )
+
+
+def _call(layer, parent_call, inputs, class_weights, class_ids, class_probabilities,
+          input_ids):
+    if not _uses_chunks(layer, inputs, class_ids, class_probabilities):
+        return parent_call(inputs, class_weights, class_ids=class_ids,
+                           class_probabilities=class_probabilities, input_ids=input_ids)
+    xent, argmax = _chunked_xent(layer, inputs, jnp.squeeze(class_ids, axis=-1))
+    return _outputs(xent, argmax, class_ids, class_weights)
+
+
+class ChunkedFullSoftmax(embedding_softmax.FullSoftmax):
+    """praxis's FullSoftmax with a chunked training cross-entropy (see the module doc).
+
+    Attributes:
+      loss_chunk_len: positions of each sequence per chunk of the training loss;
+        0 computes it in one pass, as praxis does.
+    """
+
+    loss_chunk_len: int = 0
+
+    def setup(self) -> None:
+        _check_supported(self)
+        super().setup()
+
+    def __call__(self, inputs, class_weights, class_ids=None, class_probabilities=None,
+                 input_ids=None) -> NestedMap:
+        return _call(self, super().__call__, inputs, class_weights, class_ids,
+                     class_probabilities, input_ids)
+
+
+class ChunkedSharedEmbeddingSoftmax(embedding_softmax.SharedEmbeddingSoftmax):
+    """praxis's SharedEmbeddingSoftmax (tied embedding) with a chunked training
+    cross-entropy (see the module doc).
+
+    Attributes:
+      loss_chunk_len: positions of each sequence per chunk of the training loss;
+        0 computes it in one pass, as praxis does.
+    """
+
+    loss_chunk_len: int = 0
+
+    def setup(self) -> None:
+        _check_supported(self)
+        super().setup()
+
+    def __call__(self, inputs, class_weights, class_ids=None, class_probabilities=None,
+                 input_ids=None) -> NestedMap:
+        return _call(self, super().__call__, inputs, class_weights, class_ids,
+                     class_probabilities, input_ids)
