@@ -84,7 +84,9 @@ def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
                                  hopper_or_newer=hopper, dtype=exp.FPROP_DTYPE,
                                  head_dim=exp.DIMS_PER_HEAD)
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
-        attention.use_attention_impl(layer, impl, hopper_or_newer=hopper)
+        attention.use_attention_impl(
+            layer, impl, hopper_or_newer=hopper,
+            pallas_interpret=plan_for_hopper is None and platform != "gpu")
     except ValueError as e:
         raise UserError(str(e)) from None
     note = attention.packed_gqa_note(layer)

@@ -49,7 +49,7 @@ class _FusedKernels:
 
       attention_impl: "xla", "cudnn" or "pallas" (already resolved).
       cudnn_packed: give cuDNN each row's segments (Hopper or newer); else plain causal.
-      pallas_interpret: run the Pallas kernel in interpret mode (no GPU).
+      pallas_interpret: run the Pallas kernel in interpret mode (tests off a GPU).
     """
 
     def _fused_context(self, query, key, value, atten_mask):
@@ -62,10 +62,11 @@ class _FusedKernels:
             encoded = jax.nn.dot_product_attention(
                 query, key, value, bias=atten_mask.astype(query.dtype), scale=1.0,
                 implementation="xla")
-        elif impl == "cudnn" and jax.default_backend() != "gpu":
-            # Traced off a GPU only by the planner (runner/plan.py), which compiles for the
-            # GPU it plans for on CPU devices: a plain-JAX kernel that keeps what cuDNN
-            # keeps (no [T, S] scores), so the plan's memory is the fused kernel's.
+        elif jax.default_backend() != "gpu" and (
+                impl == "cudnn" or (impl == "pallas" and not self.pallas_interpret)):
+            # The planner (runner/plan.py) compiles for the GPU it plans for on CPU devices:
+            # a plain-JAX kernel that keeps what the flash kernels keep (no [T, S] scores),
+            # so the plan's memory is theirs.
             encoded = flash_attention(query, key, value,
                                       segment_ids_from_mask(atten_mask, batch_size))
         elif impl == "cudnn" and self.cudnn_packed:
@@ -349,9 +350,12 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
     return impl
 
 
-def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = True) -> None:
+def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = True,
+                       pallas_interpret: bool = False) -> None:
     """Make the Transformer layer template `layer` use attention implementation `impl`
-    (already resolved): its praxis attention template becomes the fused subclass."""
+    (already resolved): its praxis attention template becomes the fused subclass.
+    `pallas_interpret`: run Pallas interpreted (tests off a GPU; the planner instead traces
+    the flash stand-in)."""
     if impl == "praxis":
         return
     attention = layer.tr_atten_tpl
@@ -366,8 +370,7 @@ def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = 
     fdl.update_callable(attention, fused_cls)
     attention.attention_impl = impl
     attention.cudnn_packed = hopper_or_newer
-    # Interpreted wherever this process is not on a GPU (tests; the planner's CPU devices).
-    attention.pallas_interpret = impl == "pallas" and jax.default_backend() != "gpu"
+    attention.pallas_interpret = impl == "pallas" and pallas_interpret
 
 
 def packed_gqa_note(layer: fdl.Config) -> str | None:

@@ -75,9 +75,9 @@ CAVEATS = """\
   * XLA:GPU fuses differently, reserves cuBLAS/cuDNN workspace and NCCL buffers, and its
     latency-hiding scheduler overlaps collectives with compute, which keeps more alive.
   * The attention kernel is the one ATTENTION_IMPL resolves to on the planned GPU ("auto":
-    cuDNN on an H100 or H200, Pallas on an A100 with packed rows). cuDNN is traced as a
-    plain-JAX flash kernel that keeps what cuDNN keeps (no [T, T] scores); Pallas in
-    interpret mode.
+    cuDNN for bf16 on an H100 or H200; Pallas for float32, or packed rows on an A100).
+    Both are traced as a plain-JAX flash kernel that keeps what they keep (no [T, T]
+    scores).
   So a plan within about 2x of the budget is a question for a real GPU, in either direction.
 - XLA:CPU runs bfloat16 collectives in float32 (its float normalization; right after
   partitioning, a bfloat16 model's weight gathers and gradient reductions are bfloat16), so
