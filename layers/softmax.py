@@ -127,24 +127,13 @@ def _outputs(per_example_xent, per_example_argmax, class_ids, class_weights) -> 
     )
 
 
-def _call(layer, parent_call, inputs, class_weights, class_ids, class_probabilities,
-          input_ids):
-    if not _uses_chunks(layer, inputs, class_ids, class_probabilities):
-        return parent_call(inputs, class_weights, class_ids=class_ids,
-                           class_probabilities=class_probabilities, input_ids=input_ids)
-    xent, argmax = _chunked_xent(layer, inputs, jnp.squeeze(class_ids, axis=-1))
-    return _outputs(xent, argmax, class_ids, class_weights)
+class _ChunkedLoss:
+    """The chunked training loss shared by both output layers, which declare its setting as
+    their field (a layer's fields must be declared on the layer class):
 
-
-class ChunkedFullSoftmax(embedding_softmax.FullSoftmax):
-    """praxis's FullSoftmax with a chunked training cross-entropy (see the module doc).
-
-    Attributes:
       loss_chunk_len: positions of each sequence per chunk of the training loss;
         0 computes it in one pass, as praxis does.
     """
-
-    loss_chunk_len: int = 0
 
     def setup(self) -> None:
         _check_supported(self)
@@ -152,26 +141,22 @@ class ChunkedFullSoftmax(embedding_softmax.FullSoftmax):
 
     def __call__(self, inputs, class_weights, class_ids=None, class_probabilities=None,
                  input_ids=None) -> NestedMap:
-        return _call(self, super().__call__, inputs, class_weights, class_ids,
-                     class_probabilities, input_ids)
+        if not _uses_chunks(self, inputs, class_ids, class_probabilities):
+            return super().__call__(inputs, class_weights, class_ids=class_ids,
+                                    class_probabilities=class_probabilities,
+                                    input_ids=input_ids)
+        xent, argmax = _chunked_xent(self, inputs, jnp.squeeze(class_ids, axis=-1))
+        return _outputs(xent, argmax, class_ids, class_weights)
 
 
-class ChunkedSharedEmbeddingSoftmax(embedding_softmax.SharedEmbeddingSoftmax):
+class ChunkedFullSoftmax(_ChunkedLoss, embedding_softmax.FullSoftmax):
+    """praxis's FullSoftmax with a chunked training cross-entropy (see the module doc)."""
+
+    loss_chunk_len: int = 0
+
+
+class ChunkedSharedEmbeddingSoftmax(_ChunkedLoss, embedding_softmax.SharedEmbeddingSoftmax):
     """praxis's SharedEmbeddingSoftmax (tied embedding) with a chunked training
-    cross-entropy (see the module doc).
-
-    Attributes:
-      loss_chunk_len: positions of each sequence per chunk of the training loss;
-        0 computes it in one pass, as praxis does.
-    """
+    cross-entropy (see the module doc)."""
 
     loss_chunk_len: int = 0
-
-    def setup(self) -> None:
-        _check_supported(self)
-        super().setup()
-
-    def __call__(self, inputs, class_weights, class_ids=None, class_probabilities=None,
-                 input_ids=None) -> NestedMap:
-        return _call(self, super().__call__, inputs, class_weights, class_ids,
-                     class_probabilities, input_ids)
