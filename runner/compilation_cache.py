@@ -37,6 +37,8 @@ multi-process CPU job's other processes miss and compile (process 0 still loads)
 import os
 import sys
 
+from tasks.layout import user_cache_dir
+
 # Flag values that turn the cache off.
 OFF = ("", "none", "off", "false", "0")
 
@@ -69,9 +71,7 @@ SETTINGS = {
 
 def default_dir(environ=None) -> str:
     """$XDG_CACHE_HOME/paxloom/jax_compilation_cache, or ~/.cache/paxloom/..."""
-    environ = os.environ if environ is None else environ
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "paxloom", "jax_compilation_cache")
+    return str(user_cache_dir("jax_compilation_cache", environ))
 
 
 def resolve(flag: str | None, environ=None) -> str | None:

@@ -102,8 +102,14 @@ def default_cache_dir(files) -> Path:
     beside = parent / "tokenized"
     if os.access(beside if beside.is_dir() else parent, os.W_OK):
         return beside
-    user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    fallback = user_cache / "paxloom" / "tokenized"
+    fallback = user_cache_dir("tokenized")
     logging.warning("%s is not writable; caching tokenized data in %s (--cache_dir to choose)",
                     parent, fallback)
     return fallback
+
+
+def user_cache_dir(name: str, environ=None) -> Path:
+    """$XDG_CACHE_HOME/paxloom/NAME (~/.cache/paxloom/NAME without it): where Paxloom keeps
+    what it can rebuild (tokenized data, the sample corpus, compiled programs)."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paxloom" / name

@@ -32,6 +32,7 @@ from pathlib import Path
 import sentencepiece
 import zstandard
 
+from tasks.layout import user_cache_dir
 from tasks.train_vocab import train_sentencepiece
 
 SAMPLE_VERSION = 2
@@ -54,8 +55,7 @@ _DOCSTRING_MODULES = (
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "paxloom" / "sample_data"
+    return user_cache_dir("sample_data")
 
 
 def _documents() -> list[tuple[str, str, str]]:
