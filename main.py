@@ -19,8 +19,8 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
 
-from runner import compilation_cache, xla_flags
-from runner.errors import UserError
+from runner.cluster import compilation_cache, xla_flags
+from runner.core.errors import UserError
 
 FLAGS = flags.FLAGS
 app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
@@ -33,7 +33,7 @@ flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, Ten
                     "events and checkpoints.")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "plan", "decode"], "train, evaluate "
                   "once, plan the train step's memory, communication and speed on CPU "
-                  "(runner/plan.py), or continue prompts from a checkpoint (runner/decode.py).")
+                  "(runner/planning/plan.py), or continue prompts from a checkpoint (runner/inference/decode.py).")
 flags.DEFINE_string("plan_device", "h100", "--mode=plan: the GPU to suggest changes and "
                     "predict speed for: h100, h200, a100-80gb or a100-40gb.")
 flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
@@ -52,7 +52,7 @@ flags.DEFINE_string("cache_dir", None, "Where tokenized training data is cached;
 flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
 flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
                    "from the device kind.")
-# Multi-process (multi-node) jobs, with Pax's flag names; see runner/distributed.py.
+# Multi-process (multi-node) jobs, with Pax's flag names; see runner/cluster/distributed.py.
 flags.DEFINE_bool("multiprocess_gpu", False, "Start jax.distributed; coordinator, process "
                   "count and index come from SLURM/Open MPI/... unless given below.")
 flags.DEFINE_string("server_addr", None, "HOST:PORT of process 0's coordinator service.")
@@ -60,7 +60,7 @@ flags.DEFINE_integer("num_hosts", None, "Number of processes in the job.")
 flags.DEFINE_integer("host_idx", None, "This process's index, 0 .. num_hosts - 1.")
 flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to wait for every process to "
                      "reach the coordinator before failing.")
-# Checkpoints and preemption; see runner/checkpoints.py and runner/preemption.py.
+# Checkpoints and preemption; see runner/state/checkpoints.py and runner/training/preemption.py.
 flags.DEFINE_string("restore_checkpoint_dir", None, "Start from a checkpoint in this directory "
                     "(a job_log_dir or its checkpoints/): fine-tuning, or --mode=eval of another "
                     "run. New checkpoints still go to --job_log_dir, whose own checkpoints win "
@@ -71,7 +71,7 @@ flags.DEFINE_bool("skip_broken_checkpoints", False, "When the checkpoint to rest
                   "checkpoints-broken/, never deleted).")
 flags.DEFINE_bool("enable_checkpoint_saving", True, "Save checkpoints (paxml's flag); "
                   "restoring is unaffected.")
-# --mode=decode; see runner/decode.py.
+# --mode=decode; see runner/inference/decode.py.
 flags.DEFINE_multi_string("prompt", [], "--mode=decode: a prompt to continue (repeatable).")
 flags.DEFINE_string("prompts_file", None, "--mode=decode: prompts to continue, one per line, "
                     "or a .jsonl file of {\"prompt\": ...} objects.")
@@ -105,7 +105,7 @@ flags.DEFINE_string("jax_compilation_cache_dir", None, "JAX's persistent compila
                     "from the persistent compilation cache'. Default: "
                     "$JAX_COMPILATION_CACHE_DIR if set, else "
                     "$XDG_CACHE_HOME/paxloom/jax_compilation_cache (~/.cache/paxloom/...); "
-                    "'none' or '' turns it off (runner/compilation_cache.py).")
+                    "'none' or '' turns it off (runner/cluster/compilation_cache.py).")
 flags.DEFINE_alias("compilation_cache_dir", "jax_compilation_cache_dir")
 
 
@@ -117,7 +117,7 @@ def resolve_experiment(hyperparameter_overrides: dict[str, str]):
     name = FLAGS.fdl_config
     recorded = {}
     if FLAGS.fdl_config_file:
-        from runner import job
+        from runner.launch import job
 
         if hyperparameter_overrides:
             raise UserError(f"--fdl_config_file reruns a recorded graph, so --fdl."
@@ -145,7 +145,7 @@ def vocab_path() -> str | None:
 def run_graph(exp, graph_overrides: dict[str, str]):
     """The run's Fiddle graph: the experiment's (or the recorded one), as the flags adjust it."""
     from experiments import overrides
-    from runner import job
+    from runner.launch import job
 
     if FLAGS.fdl_config_file:
         config = job.load_config(FLAGS.fdl_config_file)
@@ -154,7 +154,7 @@ def run_graph(exp, graph_overrides: dict[str, str]):
         # A plan chooses the attention kernel for the GPU it plans for, not for this CPU.
         planned = {}
         if FLAGS.mode == "plan":
-            from runner import plan
+            from runner.planning import plan
 
             planned["plan_for_hopper"] = plan.DEVICE_KINDS.get(FLAGS.plan_device,
                                                                plan.DEVICE_KINDS["h100"]).hopper
@@ -168,8 +168,8 @@ def run_graph(exp, graph_overrides: dict[str, str]):
 
 
 def start_distributed() -> None:
-    from runner import distributed
-    from runner.summaries import log
+    from runner.cluster import distributed
+    from runner.training.summaries import log
 
     options = distributed.DistributedOptions(
         multiprocess_gpu=FLAGS.multiprocess_gpu, server_addr=FLAGS.server_addr,
@@ -221,7 +221,7 @@ def main(argv: list[str]) -> int:
         return 0
     exp = resolve_experiment(hyperparameter_overrides)
     if FLAGS.mode == "plan":
-        from runner import plan
+        from runner.planning import plan
 
         # Before building the graph starts jax: as many CPU devices as the mesh has.
         plan.use_host_devices(plan.device_count(exp))
@@ -236,7 +236,7 @@ def main(argv: list[str]) -> int:
         start_distributed()
     config = run_graph(exp, graph_overrides)
     if FLAGS.print_config:
-        from runner import job
+        from runner.launch import job
 
         print(job.describe(exp, config))
     elif FLAGS.mode == "plan":
@@ -254,8 +254,8 @@ def run_mode(exp, config) -> None:
 
         jax.config.update("jax_log_compiles", True)
     if FLAGS.mode == "decode":
-        from runner import decode
-        from runner.generate import SamplingOptions
+        from runner.inference import decode
+        from runner.inference.generate import SamplingOptions
 
         decode.run(exp, config, job_log_dir=FLAGS.job_log_dir, prompts=FLAGS.prompt,
                    prompts_file=FLAGS.prompts_file, max_decode_steps=FLAGS.max_decode_steps,
@@ -265,7 +265,7 @@ def run_mode(exp, config) -> None:
                    restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
                    restore_checkpoint_step=FLAGS.restore_checkpoint_step)
         return
-    from runner import job
+    from runner.launch import job
 
     job.run(exp, config=config, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir,
             peak_tflops=FLAGS.peak_tflops,
@@ -289,7 +289,7 @@ def exit_now(code: int, message: str) -> None:
 
 
 if __name__ == "__main__":
-    from runner import errors
+    from runner.core import errors
     from tasks.errors import DataError
 
     try:
@@ -298,7 +298,7 @@ if __name__ == "__main__":
         exit_now(2, errors.message(error))
     except Exception as error:
         # Only a run that got as far as importing the trainer can have diverged.
-        trainer = sys.modules.get("runner.trainer")
+        trainer = sys.modules.get("runner.training.trainer")
         if trainer is None or not isinstance(error, trainer.NonFiniteLossError):
             raise
         exit_now(3, str(error))

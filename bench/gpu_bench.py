@@ -3,7 +3,7 @@
 For each experiment (Synthetic126M, GPT1_3B, Synthetic5B cut to 8 layers so it fits one
 GPU, and Llama1B, the last three on synthetic data) and each attention implementation
 (layers/attention.py: praxis, xla, cudnn, pallas, auto): compile time, steady step time,
-tokens/s, MFU (the README's formula, against runner/throughput.py's peak table), peak
+tokens/s, MFU (the README's formula, against runner/training/throughput.py's peak table), peak
 device memory and XLA's own estimate of it, as a table on stdout and a JSON file (a list
 of rows, each with the device kind and the jax and torch versions).
 
@@ -174,9 +174,9 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
     import jax
     from praxis import pax_fiddle
 
-    from runner import mesh as mesh_lib
-    from runner.prefetch import Prefetcher
-    from runner.trainer import Trainer
+    from runner.cluster import mesh as mesh_lib
+    from runner.training.prefetch import Prefetcher
+    from runner.training.trainer import Trainer
 
     config = exp.run_config()
     run = pax_fiddle.build(config)
@@ -366,7 +366,7 @@ def main() -> int:
                         help="also time bench/torch_gpt.py's PyTorch peer of each GPT "
                              "experiment and show the ratio")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
-                        help="peak TFLOP/s per device for MFU (default: runner/throughput.py's "
+                        help="peak TFLOP/s per device for MFU (default: runner/training/throughput.py's "
                              "table)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds one row may take")

@@ -24,9 +24,9 @@ import optax  # noqa: E402
 from praxis import pax_fiddle  # noqa: E402
 
 import experiments  # noqa: E402
-from runner import mesh as mesh_lib  # noqa: E402
-from runner.train_state import as_model_batch, praxis_context  # noqa: E402
-from runner.trainer import Trainer  # noqa: E402
+from runner.cluster import mesh as mesh_lib  # noqa: E402
+from runner.state.train_state import as_model_batch, praxis_context  # noqa: E402
+from runner.training.trainer import Trainer  # noqa: E402
 
 
 def build(args):

@@ -20,7 +20,7 @@ import fiddle as fdl
 if typing.TYPE_CHECKING:
     from praxis import pax_fiddle
 
-from runner.errors import UserError, near_matches
+from runner.core.errors import UserError, near_matches
 
 # Allowed values of the string hyperparameters that name a choice.
 CHOICES = {
@@ -208,7 +208,7 @@ class BaseExperiment:
 
         Override it to build another family (experiments/llama.py), or call super()
         and swap a layer template (attention, feed-forward, norm). Sharding for the
-        mesh is added afterwards by the runtime (runner/partitioning.py).
+        mesh is added afterwards by the runtime (runner/state/partitioning.py).
         """
         from layers import gpt
 

@@ -16,7 +16,7 @@ Both use a 32000-piece vocabulary and RMSNorm epsilon 1e-5.
 
 from experiments.base import BaseExperiment
 from experiments.registry import register
-from runner.errors import UserError
+from runner.core.errors import UserError
 
 
 class LlamaBase(BaseExperiment):

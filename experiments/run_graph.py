@@ -1,4 +1,4 @@
-"""Hyperparameters -> the run as a Fiddle graph (built into a runner.spec.RunSpec).
+"""Hyperparameters -> the run as a Fiddle graph (built into a runner.core.spec.RunSpec).
 
 Everything the run will do is visible in this graph before it starts: main.py
 writes it to job_log_dir and `--print_config` shows it.
@@ -9,9 +9,10 @@ import jax
 
 from layers import attention
 from layers.stack import transformer_layer_template
-from runner import optimizer, partitioning, spec
-from runner.errors import UserError
-from runner.summaries import log
+from runner.core import spec
+from runner.core.errors import UserError
+from runner.state import optimizer, partitioning
+from runner.training.summaries import log
 from tasks import datasets, evaluations, synthetic
 
 

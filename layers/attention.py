@@ -64,7 +64,7 @@ class _FusedKernels:
                 implementation="xla")
         elif jax.default_backend() != "gpu" and (
                 impl == "cudnn" or (impl == "pallas" and not self.pallas_interpret)):
-            # The planner (runner/plan.py) compiles for the GPU it plans for on CPU devices:
+            # The planner (runner/planning/plan.py) compiles for the GPU it plans for on CPU devices:
             # a plain-JAX kernel that keeps what the flash kernels keep (no [T, S] scores),
             # so the plan's memory is theirs.
             encoded = flash_attention(query, key, value,

@@ -5,7 +5,7 @@ greedy continuations against praxis's own forward pass), from the canonical weig
 layers/architecture.py. praxis 1.4.0 has incremental decoding too (`extend_step`), but
 it keeps its cache in flax variable collections driven step by step from Python, and
 DESIGN.md lists its multi-query decoding among what newer jax broke; here prefill and
-every step run as one jitted loop (runner/generate.py).
+every step run as one jitted loop (runner/inference/generate.py).
 
 Slots and positions: the cache holds S slots per row. Prompts of one batch are left-padded
 to a common length, so row b's tokens start at slot `first_slot[b]`, and a token's position

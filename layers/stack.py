@@ -4,7 +4,7 @@ one helper that finds the per-layer template inside a stack, repeated or not.
 A family (layers/gpt.py, layers/llama.py) takes the stack from `transformer_stack`,
 configures the layer template it returns (norms, attention, feed-forward) and wraps
 the result with `language_model`. Everything here is unsharded: the runtime adds
-sharding last (runner/partitioning.py), whatever layer classes the template holds.
+sharding last (runner/state/partitioning.py), whatever layer classes the template holds.
 """
 
 import jax.numpy as jnp

@@ -1,7 +1,24 @@
-"""The runtime: mesh, sharded train state, train/eval loop, summaries, checkpoints.
+"""The runtime, in packages by concern, listed from the bottom of the layering up:
 
-Importing the package applies the praxis compat patches first, so every
-runner module may import praxis.
+    core/       errors, the run spec, the data and callback protocols (imports nothing above)
+    cluster/    processes and devices: jax.distributed, the ICI x DCN mesh, XLA flags, the
+                compilation cache
+    state/      the sharded train state: the model's layout on the mesh, the optimizer,
+                initialisation and checkpoints
+    training/   the training loop, its callbacks (summaries, checkpoints, preemption,
+                profiling, goodput, W&B) and evaluation
+    inference/  a trained model's forward pass for decoding and export
+    planning/   --mode=plan: the train step compiled for a GPU mesh on CPU devices
+    launch/     the launcher: flags' options and an experiment in, a run spec out, wired
+                to training or inference
+
+Layering (tests/test_layering.py walks every import): main.py -> launch -> planning ->
+experiments -> (training, inference) -> state -> cluster -> (layers, tasks) -> core. A
+package imports only itself and packages below it. The experiment object stops at the
+launcher; the runtime sees a RunSpec.
+
+Importing the package applies the praxis compat patches first, so every runner module may
+import praxis.
 """
 
 from layers import praxis_compat  # noqa: F401

@@ -4,8 +4,8 @@ import jax
 from praxis import pax_fiddle
 
 import experiments
-from runner import mesh as mesh_lib
-from runner.trainer import Trainer
+from runner.cluster import mesh as mesh_lib
+from runner.training.trainer import Trainer
 
 # A model every test mesh can shard: 8 heads split over up to 8 TP devices.
 TINY = dict(

@@ -5,10 +5,11 @@ import jax
 import numpy as np
 from praxis import pax_fiddle
 
-from runner import checkpoints, job
-from runner import mesh as mesh_lib
-from runner.train_state import as_model_batch, praxis_context
-from runner.trainer import Trainer
+from runner.cluster import mesh as mesh_lib
+from runner.launch import job
+from runner.state import checkpoints
+from runner.state.train_state import as_model_batch, praxis_context
+from runner.training.trainer import Trainer
 
 # Parameters are drawn at this scale, far from the init's norm scales of 1 and biases of 0
 # (so a wrong scale convention or a misplaced bias changes outputs well beyond tolerances),

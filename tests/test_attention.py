@@ -15,9 +15,9 @@ from praxis.layers import attentions, embedding_softmax, multi_query_attention, 
 
 from experiments.llama import LlamaBase
 from layers import attention
-from runner import checkpoints
-from runner.errors import UserError
-from runner.train_state import praxis_context
+from runner.core.errors import UserError
+from runner.state import checkpoints
+from runner.state.train_state import praxis_context
 from tests.helpers import TINY, make_trainer, train_losses
 
 B, T, D, N, H = 2, 64, 32, 4, 8

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from runner import checkpoints, job
-from runner.errors import UserError
+from runner.core.errors import UserError
+from runner.launch import job
+from runner.state import checkpoints
 from tests.helpers import TINY
 from tests.test_checkpoints import JOB, run_job
 from tests.test_main_cli import run_main

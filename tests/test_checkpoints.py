@@ -1,7 +1,7 @@
 """Checkpoints in one process: round trip, exact resume, other meshes, refusals, crash
 safety, non-finite losses, evaluation from a checkpoint, preemption by signal.
 
-Jobs run through runner.job.run, the code path main.py takes, on the tiny model.
+Jobs run through runner.launch.job.run, the code path main.py takes, on the tiny model.
 """
 
 import errno
@@ -16,9 +16,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 import experiments
-from runner import checkpoints, job, preemption
-from runner.errors import UserError
-from runner.trainer import NonFiniteLossError, Trainer
+from runner.core.errors import UserError
+from runner.launch import job
+from runner.state import checkpoints
+from runner.training import preemption
+from runner.training.trainer import NonFiniteLossError, Trainer
 from tests.helpers import TINY, make_trainer
 
 JOB = dict(TINY, ICI_MESH_SHAPE=[1, 8, 1], SUMMARY_INTERVAL_STEPS=1, MAX_STEPS=8,

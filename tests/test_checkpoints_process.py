@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from runner import checkpoints
+from runner.state import checkpoints
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # one main.py run; 10-40 s on 2 idle cores
@@ -242,7 +242,7 @@ def worker_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=2,
                                process_id=args.host_idx, initialization_timeout=120)
-    from runner.preemption import PreemptionWatcher
+    from runner.training.preemption import PreemptionWatcher
 
     with PreemptionWatcher("SIGUSR1") as watcher:
         assert watcher.synchronized

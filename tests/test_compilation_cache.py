@@ -1,4 +1,4 @@
-"""The persistent compilation cache main.py turns on (runner/compilation_cache.py): where it
+"""The persistent compilation cache main.py turns on (runner/cluster/compilation_cache.py): where it
 goes, how it is turned off, and a second start loading what the first compiled.
 
 Every cache here is under tmp_path: none of these runs writes into the user's ~/.cache.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from runner import compilation_cache
+from runner.cluster import compilation_cache
 from tests.data_fixtures import REPO_ROOT
 from tests.test_main_cli import TINY_FLAGS
 

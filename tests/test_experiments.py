@@ -9,7 +9,7 @@ from praxis import pax_fiddle
 import experiments
 from experiments import overrides
 from experiments.base import CHOICES, BaseExperiment
-from runner.errors import UserError
+from runner.core.errors import UserError
 
 
 def test_builtin_experiments_are_registered():
@@ -102,7 +102,7 @@ def test_gpt_model_graph_is_the_reference_model(name):
 
 
 def test_print_config_shows_the_reference_values(capsys):
-    from runner.job import describe
+    from runner.launch.job import describe
 
     exp = experiments.resolve("experiments.GPT126M")()
     text = describe(exp, exp.run_config())

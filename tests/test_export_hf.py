@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import experiments
 from experiments.llama import LlamaBase
-from runner import job
-from runner.errors import UserError
+from runner.core.errors import UserError
+from runner.launch import job
 from tasks import datasets
 from tasks.vocab import load_vocabulary
 from tests.data_fixtures import REPO_ROOT

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from runner import checkpoints, goodput
+from runner.state import checkpoints
+from runner.training import goodput
 from tests.data_fixtures import REPO_ROOT
 from tests.helpers import TINY
 
@@ -63,7 +64,7 @@ def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_pat
     assert not (job_dir / "goodput_current.json").exists()
     assert "goodput " in out.stdout.splitlines()[-1]  # the closing line
 
-    shown = subprocess.run([sys.executable, "-m", "runner.goodput", str(job_dir)],
+    shown = subprocess.run([sys.executable, "-m", "runner.training.goodput", str(job_dir)],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "died" in shown.stdout and "finished" in shown.stdout
@@ -82,7 +83,7 @@ def _step(job_dir) -> int:
 
 
 def test_ledger_cli_on_a_directory_without_records(tmp_path):
-    shown = subprocess.run([sys.executable, "-m", "runner.goodput", str(tmp_path)],
+    shown = subprocess.run([sys.executable, "-m", "runner.training.goodput", str(tmp_path)],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 2 and shown.stderr.startswith("error: ")
     assert len(shown.stderr.strip().splitlines()) == 1

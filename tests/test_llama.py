@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 import experiments
 from experiments.llama import LlamaBase
-from runner import job
-from runner.errors import UserError
+from runner.core.errors import UserError
+from runner.launch import job
 from tests.helpers import make_trainer, train_losses
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

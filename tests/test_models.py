@@ -14,10 +14,10 @@ from praxis.layers import attentions, normalizations, transformers
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers.stack import transformer_layer_template
-from runner import checkpoints, partitioning
-from runner.errors import UserError
-from runner.spec import Evaluation
-from runner.train_state import replicated_matrices
+from runner.core.errors import UserError
+from runner.core.spec import Evaluation
+from runner.state import checkpoints, partitioning
+from runner.state.train_state import replicated_matrices
 from tests.helpers import TINY, make_trainer, run_steps
 
 # ----- an independent GPT forward pass (numpy, float64) ---------------------------------------
@@ -226,7 +226,7 @@ def test_a_template_swapped_after_sharding_is_reported_replicated(tmp_path, caps
     layer.tr_atten_tpl = pax_fiddle.Config(MyAttention, combine_qkv=True)  # too late
     trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 2, 4])
     with trainer.mesh:
-        from runner.train_state import param_partition_specs
+        from runner.state.train_state import param_partition_specs
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in trainer.batch_shapes.items()}
         specs = param_partition_specs(pax_fiddle.build(sharded), example, trainer.mesh)

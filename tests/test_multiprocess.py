@@ -31,8 +31,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from runner import distributed
-from runner.errors import UserError
+from runner.cluster import distributed
+from runner.core.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def free_port() -> int:
 def process_env(devices: int) -> dict[str, str]:
     """A clean environment for one CPU process with `devices` fake devices."""
     env = {k: v for k, v in os.environ.items()
-           # Launcher variables would make jax (or runner.distributed) detect a cluster.
+           # Launcher variables would make jax (or runner.cluster.distributed) detect a cluster.
            # The session's compilation cache is for single-process runs (conftest.py).
            if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR",
                                 "JAX_COMPILATION_CACHE"))}

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from runner import checkpoints
+from runner.state import checkpoints
 from tests.test_multiprocess import (
     CONNECT_TIMEOUT_S,
     REPO_ROOT,

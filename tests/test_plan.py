@@ -1,4 +1,4 @@
-"""--mode=plan (runner/plan.py, runner/hlo_text.py): tiny plans on the 8 fake CPU devices,
+"""--mode=plan (runner/planning/plan.py, runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
 the fit verdict and its re-planned changes, and the plan against a real run."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import jax
 import pytest
 
 import experiments
-from runner import hlo_text, plan
+from runner.planning import hlo_text, plan
 from tests.helpers import TINY, make_trainer
 from tests.test_main_cli import run_main
 

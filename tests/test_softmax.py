@@ -14,8 +14,8 @@ from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers import architecture
 from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
-from runner.errors import UserError
-from runner.train_state import as_model_batch, praxis_context
+from runner.core.errors import UserError
+from runner.state.train_state import as_model_batch, praxis_context
 from tests.helpers import TINY, make_trainer
 
 # The brief's tolerance: float32 results within 1e-6 of praxis's, relative to their size.

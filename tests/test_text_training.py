@@ -10,8 +10,8 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
-from runner import mesh as mesh_lib
-from runner.trainer import Trainer
+from runner.cluster import mesh as mesh_lib
+from runner.training.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
 from tests.data_fixtures import JAX_ENV, REPO_ROOT, write_lines, write_pile
 from tests.helpers import TINY

@@ -38,8 +38,8 @@ from safetensors.numpy import save_file
 
 import experiments
 from layers.architecture import Architecture, canonical_weights
-from runner import inference
-from runner.errors import UserError
+from runner.core.errors import UserError
+from runner.inference import model as inference
 from tasks.errors import DataError
 
 FLAGS = flags.FLAGS

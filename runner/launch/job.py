@@ -9,11 +9,12 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
-from runner import checkpoints, goodput, preemption, profiling, summaries
-from runner import mesh as mesh_lib
-from runner.errors import UserError
-from runner.summaries import log
-from runner.trainer import Trainer
+from runner.cluster import mesh as mesh_lib
+from runner.core.errors import UserError
+from runner.state import checkpoints
+from runner.training import goodput, preemption, profiling, summaries
+from runner.training.summaries import log
+from runner.training.trainer import Trainer
 
 
 def describe(exp, config: fdl.Config) -> str:

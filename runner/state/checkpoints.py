@@ -27,8 +27,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from runner.errors import UserError
-from runner.summaries import log
+from runner.core.errors import UserError
+from runner.training.summaries import log
 
 # Hyperparameters that decide parameter shapes: recorded so that a mismatch can
 # be explained in the experiment's own terms.

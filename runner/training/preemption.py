@@ -24,8 +24,8 @@ import signal
 import jax
 from jax.experimental import multihost_utils
 
-from runner.errors import UserError
-from runner.summaries import log
+from runner.core.errors import UserError
+from runner.training.summaries import log
 
 
 def parse_signal(name: str | None) -> signal.Signals | None:

@@ -3,7 +3,7 @@
 Prompts come from --prompt (repeatable) and --prompts_file (one per line, or a .jsonl file
 of {"prompt": ...} objects). Each is encoded as training encoded documents (EOS first: it
 plays BOS, tasks/packing.py), cut from the left to the model's context (MAX_SEQ_LEN), and
-continued by runner/generate.py in batches of --decode_batch_size. Continuations go to the
+continued by runner/inference/generate.py in batches of --decode_batch_size. Continuations go to the
 console and, with token counts and speed, to job_log_dir/decode_outputs.jsonl.
 
 An experiment without a vocabulary (DATASET="synthetic") reads and writes token ids:
@@ -18,10 +18,10 @@ import time
 import jax
 import numpy as np
 
-from runner import inference
-from runner.errors import UserError
-from runner.generate import STOPPED, SamplingOptions, make_generate
-from runner.summaries import log
+from runner.core.errors import UserError
+from runner.inference import model as inference
+from runner.inference.generate import STOPPED, SamplingOptions, make_generate
+from runner.training.summaries import log
 
 OUTPUTS_FILE = "decode_outputs.jsonl"
 # Prompt lengths are padded up to a multiple of this, so batches of similar prompts share

@@ -14,8 +14,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from praxis import base_layer, py_utils
 
-from runner.errors import UserError
-from runner.mesh import mesh_shape
+from runner.cluster.mesh import mesh_shape
+from runner.core.errors import UserError
 
 
 def praxis_context(do_eval: bool):
@@ -69,7 +69,7 @@ def replicated_matrices(param_specs, abstract_params) -> list[str]:
     """Names of weight matrices (praxis names them `w` or `emb_var`) without any
     sharding annotation: a full copy on every device. On a mesh that shards weights
     this usually means a layer class praxis's sharding helper does not know
-    (runner/partitioning.py)."""
+    (runner/state/partitioning.py)."""
     return [name for name, spec, _ in _named_specs(param_specs, abstract_params)
             if name.rsplit("/", 1)[-1] in ("w", "emb_var")
             and all(axis is None for axis in spec)]

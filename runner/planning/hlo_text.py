@@ -1,6 +1,6 @@
 """What a compiled SPMD program does, read from its HLO text (`compiled.as_text()`).
 
-Two readings for the plan (runner/plan.py): the bytes its collectives move per mesh axis
+Two readings for the plan (runner/planning/plan.py): the bytes its collectives move per mesh axis
 (step_traffic), and the float32 copies of bfloat16 arrays XLA:CPU makes (upcast_copies).
 
 The partitioned program (`compiled.as_text()`) names each collective's devices by their

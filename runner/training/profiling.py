@@ -7,8 +7,8 @@ it for ui.perfetto.dev.
 
 import jax
 
-from runner.errors import UserError
-from runner.summaries import log
+from runner.core.errors import UserError
+from runner.training.summaries import log
 
 
 def start_server(port: int) -> None:

@@ -5,7 +5,7 @@ and a console that says nothing meanwhile looks hung. JAX reports the start and 
 duration of every backend compilation through jax.monitoring; this turns those
 reports into lines for the programs that matter (and for any that take a second).
 
-With the persistent compilation cache (runner/compilation_cache.py) a "compilation" may
+With the persistent compilation cache (runner/cluster/compilation_cache.py) a "compilation" may
 be a load of the program a previous run compiled; jax reports that with an event inside
 the same compilation, so the line says so: "compiled jit(_train_step) in 0.9s (loaded
 from the persistent compilation cache DIR)". The seconds, a load's included, are what
@@ -16,7 +16,7 @@ import threading
 
 import jax
 
-from runner.summaries import log
+from runner.training.summaries import log
 
 # The event jax/_src/dispatch.py reports around each backend compilation (jax 0.10, 0.11).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

@@ -1,6 +1,6 @@
 """Where a job's wall time went, across all its runs (restarts, SLURM requeues).
 
-    python -m runner.goodput JOB_LOG_DIR
+    python -m runner.training.goodput JOB_LOG_DIR
 
 Each training run splits its wall time, from the moment its process started, into
   startup      process start, imports, graph, mesh, initial state or restore
@@ -25,8 +25,8 @@ import os
 import sys
 import time
 
-from runner import compile_log
-from runner.summaries import log
+from runner.training import compile_log
+from runner.training.summaries import log
 from tasks.progress import format_duration
 
 PHASES = ("startup", "compile", "productive", "input_wait", "evaluation", "checkpoint")
@@ -199,7 +199,7 @@ def table(records: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m runner.goodput JOB_LOG_DIR", file=sys.stderr)
+        print("usage: python -m runner.training.goodput JOB_LOG_DIR", file=sys.stderr)
         return 2
     records = read(argv[1])
     if not records:

@@ -14,13 +14,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from runner import compile_log, throughput
-from runner import mesh as mesh_lib
-from runner.errors import UserError
-from runner.prefetch import Prefetcher
-from runner.spec import RunSpec
-from runner.summaries import SummaryWriter, log
-from runner.train_state import (
+from runner.cluster import mesh as mesh_lib
+from runner.core.errors import UserError
+from runner.core.spec import RunSpec
+from runner.state.train_state import (
     as_model_batch,
     check_divisible,
     make_init_fn,
@@ -29,6 +26,9 @@ from runner.train_state import (
     replicated_matrices,
     state_shardings,
 )
+from runner.training import compile_log, throughput
+from runner.training.prefetch import Prefetcher
+from runner.training.summaries import SummaryWriter, log
 from tasks.progress import format_duration
 
 BATCH_DTYPES = {
@@ -106,11 +106,11 @@ class Trainer:
         # other; seen with 8 devices on 2 cores). CPU runs are for tests and
         # laptops, so there the loop waits for each step; on GPUs it never does.
         self.sync_every_step = jax.devices()[0].platform == "cpu"
-        self.checkpointer = None  # set by the caller (runner.checkpoints) when saving
-        self.preemption = None  # set by the caller (runner.preemption) to stop on a signal
-        self.profiler = None  # set by the caller (runner.profiling) to trace chosen steps
-        self.wandb = None  # set by the caller (runner.summaries.WandbRun) to log to W&B
-        self.ledger = None  # set by the caller (runner.goodput.Ledger) to account wall time
+        self.checkpointer = None  # set by the caller (runner.state.checkpoints) when saving
+        self.preemption = None  # set by the caller (runner.training.preemption) to stop on a signal
+        self.profiler = None  # set by the caller (runner.training.profiling) to trace chosen steps
+        self.wandb = None  # set by the caller (runner.training.summaries.WandbRun) to log to W&B
+        self.ledger = None  # set by the caller (runner.training.goodput.Ledger) to account wall time
         self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------

@@ -18,7 +18,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from runner.errors import UserError
+from runner.core.errors import UserError
 
 # (DP, FSDP, TP). Model weights are laid out on (data, mdl) and replicated over replica.
 MESH_AXIS_NAMES = ("replica", "data", "mdl")

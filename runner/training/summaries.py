@@ -12,7 +12,7 @@ import types
 
 import jax
 
-from runner.errors import UserError
+from runner.core.errors import UserError
 
 # TensorBoard's writer imports TensorFlow whenever it is installed (which `.[tfds]` does),
 # costing seconds, console noise and possibly GPU memory; a `tensorboard.compat.notf`

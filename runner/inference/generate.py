@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from layers import cached_lm
 from layers.architecture import Architecture, canonical_weights
-from runner.errors import UserError
+from runner.core.errors import UserError
 
 STOPPED = -1  # fills a row's token slots after it has stopped
 

@@ -16,11 +16,11 @@ from jax.sharding import Mesh, NamedSharding
 from praxis import pax_fiddle
 
 from layers import architecture
-from runner import checkpoints
-from runner import mesh as mesh_lib
-from runner.errors import UserError
-from runner.train_state import make_init_fn, param_partition_specs
-from runner.trainer import BATCH_DTYPES
+from runner.cluster import mesh as mesh_lib
+from runner.core.errors import UserError
+from runner.state import checkpoints
+from runner.state.train_state import make_init_fn, param_partition_specs
+from runner.training.trainer import BATCH_DTYPES
 from tasks import datasets
 from tasks.vocab import Vocabulary, check_vocab_size, load_vocabulary
 
@@ -35,7 +35,7 @@ class InferenceModel:
     checkpoint: str  # the restored checkpoint's path
     max_seq_len: int  # the context the model was trained with (MAX_SEQ_LEN)
     vocab: Vocabulary | None  # None: the experiment reads token ids (synthetic data)
-    # Compiled programs of this model, by input shapes and settings (runner/decode.py).
+    # Compiled programs of this model, by input shapes and settings (runner/inference/decode.py).
     programs: dict = dataclasses.field(default_factory=dict, repr=False)
 
 

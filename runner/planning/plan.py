@@ -4,7 +4,7 @@ The plan compiles the real train step (Trainer.train_step, with the real state a
 shardings) for the experiment's whole mesh, ICI x DCN, on as many fake CPU devices, with
 abstract inputs: nothing is allocated and no data is read, so GPT175B on 256 devices plans
 on a laptop. From the compiled program it reads XLA's per-device memory analysis and the
-bytes each collective moves per mesh axis (runner/hlo_text.py), sets them beside the
+bytes each collective moves per mesh axis (runner/planning/hlo_text.py), sets them beside the
 analytic sizes of the sharded state, and judges them against a table of GPUs. When the
 run does not fit the chosen GPU, it re-plans the cheapest single changes that might.
 
@@ -25,9 +25,11 @@ from jax.sharding import Mesh
 from praxis import pax_fiddle
 
 from experiments import overrides
-from runner import hlo_text, spec, throughput
-from runner import mesh as mesh_lib
-from runner.errors import UserError
+from runner.cluster import mesh as mesh_lib
+from runner.core import spec
+from runner.core.errors import UserError
+from runner.planning import hlo_text
+from runner.training import throughput
 
 GiB = 2**30
 
@@ -36,7 +38,7 @@ GiB = 2**30
 class DeviceKind:
     name: str
     memory_bytes: int  # total, as nvidia-smi reports it
-    peak_flops: float  # dense bf16 FLOP/s (runner/throughput.py's table)
+    peak_flops: float  # dense bf16 FLOP/s (runner/training/throughput.py's table)
     hopper: bool  # compute capability 9.0+: cuDNN's packed attention (layers/attention.py)
 
 
@@ -166,7 +168,7 @@ def use_host_devices(count: int) -> list:
 def plan(exp, config: fdl.Config) -> Plan:
     """Compile the train step of `exp`'s run graph `config` for its mesh on fake CPU devices
     and read the result."""
-    from runner.trainer import Trainer
+    from runner.training.trainer import Trainer
 
     config = copy.deepcopy(config)
     ici, dcn = list(config.mesh.ici_mesh_shape), list(config.mesh.dcn_mesh_shape)
@@ -363,7 +365,7 @@ def _describe(p: Plan) -> list[str]:
         "",
         "Model",
         f"  parameters       {p.num_params:,} ({p.matmul_params:,} in matmuls)",
-        f"  FLOPs per token  {p.flops_per_token:.4g} (6N + 12·L·H·Q·T, runner/throughput.py)",
+        f"  FLOPs per token  {p.flops_per_token:.4g} (6N + 12·L·H·Q·T, runner/training/throughput.py)",
         f"  FLOPs per step   {p.flops_per_token * p.tokens_per_step:.4g}",
         "",
         f"{f'Memory per device ({unit})':<49} {'XLA:CPU':>10} {'analytic':>10}",

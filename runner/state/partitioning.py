@@ -14,7 +14,7 @@ import fiddle as fdl
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax
 
-from runner.mesh import MESH_AXIS_NAMES
+from runner.cluster.mesh import MESH_AXIS_NAMES
 
 
 def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:

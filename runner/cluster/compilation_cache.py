@@ -12,7 +12,7 @@ default; main.py does too, for --mode=train, eval and decode:
     otherwise                          $XDG_CACHE_HOME/paxloom/jax_compilation_cache
                                        (~/.cache/paxloom/..., where tokenized data goes)
 
-A load is logged by runner/compile_log.py ("compiled jit(_train_step) in 0.9s (loaded from
+A load is logged by runner/training/compile_log.py ("compiled jit(_train_step) in 0.9s (loaded from
 the persistent compilation cache DIR)").
 
 Several processes, read from jax 0.10.2's jax/_src/compiler.py, compilation_cache.py and
