@@ -169,7 +169,7 @@ def run_graph(exp, graph_overrides: dict[str, str]):
 
 def start_distributed() -> None:
     from runner.cluster import distributed
-    from runner.training.summaries import log
+    from runner.core.log import log
 
     options = distributed.DistributedOptions(
         multiprocess_gpu=FLAGS.multiprocess_gpu, server_addr=FLAGS.server_addr,
@@ -254,29 +254,31 @@ def run_mode(exp, config) -> None:
 
         jax.config.update("jax_log_compiles", True)
     if FLAGS.mode == "decode":
-        from runner.inference import decode
+        from runner.inference.decode import DecodeOptions
         from runner.inference.generate import SamplingOptions
+        from runner.launch import decode
 
-        decode.run(exp, config, job_log_dir=FLAGS.job_log_dir, prompts=FLAGS.prompt,
-                   prompts_file=FLAGS.prompts_file, max_decode_steps=FLAGS.max_decode_steps,
-                   options=SamplingOptions(temperature=FLAGS.temperature, top_k=FLAGS.top_k,
-                                           top_p=FLAGS.top_p, seed=FLAGS.decode_seed),
-                   batch_size=FLAGS.decode_batch_size, vocab_path=vocab_path(),
-                   restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
-                   restore_checkpoint_step=FLAGS.restore_checkpoint_step)
+        decode.run(exp, config, DecodeOptions(
+            job_log_dir=FLAGS.job_log_dir, prompts=FLAGS.prompt,
+            prompts_file=FLAGS.prompts_file, max_decode_steps=FLAGS.max_decode_steps,
+            sampling=SamplingOptions(temperature=FLAGS.temperature, top_k=FLAGS.top_k,
+                                     top_p=FLAGS.top_p, seed=FLAGS.decode_seed),
+            batch_size=FLAGS.decode_batch_size, vocab_path=vocab_path(),
+            restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
+            restore_checkpoint_step=FLAGS.restore_checkpoint_step))
         return
     from runner.launch import job
 
-    job.run(exp, config=config, mode=FLAGS.mode, job_log_dir=FLAGS.job_log_dir,
-            peak_tflops=FLAGS.peak_tflops,
-            restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
-            restore_checkpoint_step=FLAGS.restore_checkpoint_step,
-            preemption_signal=FLAGS.preemption_signal,
-            save_checkpoints=FLAGS.enable_checkpoint_saving,
-            skip_broken_checkpoints=FLAGS.skip_broken_checkpoints,
-            profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
-            profile_steps=(None if FLAGS.profile_start_step is None else
-                           (FLAGS.profile_start_step, FLAGS.profile_num_steps)))
+    job.run(exp, job.RunOptions(
+        job_log_dir=FLAGS.job_log_dir, mode=FLAGS.mode, peak_tflops=FLAGS.peak_tflops,
+        restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
+        restore_checkpoint_step=FLAGS.restore_checkpoint_step,
+        preemption_signal=FLAGS.preemption_signal,
+        save_checkpoints=FLAGS.enable_checkpoint_saving,
+        skip_broken_checkpoints=FLAGS.skip_broken_checkpoints,
+        profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
+        profile_steps=(None if FLAGS.profile_start_step is None else
+                       (FLAGS.profile_start_step, FLAGS.profile_num_steps))), config=config)
 
 
 def exit_now(code: int, message: str) -> None:
@@ -290,15 +292,15 @@ def exit_now(code: int, message: str) -> None:
 
 if __name__ == "__main__":
     from runner.core import errors
-    from tasks.errors import DataError
+    from runner.core.errors import UserError
 
     try:
         sys.exit(main(sys.argv))
-    except (UserError, DataError) as error:
+    except UserError as error:
         exit_now(2, errors.message(error))
     except Exception as error:
-        # Only a run that got as far as importing the trainer can have diverged.
-        trainer = sys.modules.get("runner.training.trainer")
-        if trainer is None or not isinstance(error, trainer.NonFiniteLossError):
+        # Only a run that got as far as importing the training loop can have diverged.
+        callbacks = sys.modules.get("runner.training.callbacks")
+        if callbacks is None or not isinstance(error, callbacks.NonFiniteLossError):
             raise
         exit_now(3, str(error))

@@ -24,14 +24,12 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-warnings.filterwarnings("ignore", category=DeprecationWarning)  # jax's `with mesh:`
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
@@ -54,7 +52,7 @@ MODELS = {
 def timed_step(trainer, state, data):
     batch = trainer.to_device(data.next_batch())
     start = time.perf_counter()
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         state, metrics = trainer.train_step(state, batch)
     jax.block_until_ready((state, metrics))
     return state, time.perf_counter() - start

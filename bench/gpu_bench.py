@@ -123,7 +123,7 @@ def train_steps(trainer, state, prefetcher, steps: int, clock: CompletionClock |
     metrics = None
     for _ in range(steps):
         batch, _ = next(prefetcher)
-        with trainer.mesh:
+        with jax.set_mesh(trainer.mesh):
             state, metrics = trainer.train_step(state, batch)
         if trainer.sync_every_step:
             jax.block_until_ready(metrics)
@@ -189,13 +189,13 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
         # Compiled ahead of the loop, to time compilation alone and read XLA's memory
         # analysis; the jitted step's first call below reuses this executable.
         start = time.perf_counter()
-        with trainer.mesh:
+        with jax.set_mesh(trainer.mesh):
             compiled = trainer.train_step.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
         xla_memory = memory_analysis(compiled)
         del compiled
         start = time.perf_counter()
-        with trainer.mesh:  # the first step, which the Trainer also waits for
+        with jax.set_mesh(trainer.mesh):  # the first step, which the Trainer also waits for
             state, metrics = trainer.train_step(state, batch)
         first_loss = float(metrics["loss"])
         first_step_s = time.perf_counter() - start

@@ -62,7 +62,7 @@ def bare_steps_per_sec(trainer, steps, warmup):
                      out_shardings=trainer.state_shardings, donate_argnums=0)
     batch = trainer.to_device(trainer.make_train_input().next_batch())
     state = trainer.init_state()
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         for _ in range(warmup):
             state = jax.block_until_ready(jitted(state, batch))
         start = time.perf_counter()

@@ -20,6 +20,8 @@ import fiddle as fdl
 if typing.TYPE_CHECKING:
     from praxis import pax_fiddle
 
+    from runner.core import data
+
 from runner.core.errors import UserError, near_matches
 
 # Allowed values of the string hyperparameters that name a choice.
@@ -46,7 +48,6 @@ CHOICES = {
     "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
     # layers/attention.py
     "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
-    "DATASET": ("pile", "sample", "synthetic", "none"),
 }
 
 
@@ -98,9 +99,10 @@ class BaseExperiment:
     WEIGHT_DECAY: float = 0.1  # decoupled, x learning rate, on every parameter (as Pax)
     CLIP_GRADIENT_NORM_TO_VALUE: float = 1.0  # 0 disables clipping
 
-    # --- Data ---
-    # "pile": The Pile under --data_dir; "sample": the built-in corpus (Python's docs in
-    # Pile format); "synthetic": generated sequences; "none": evaluation only.
+    # --- Data (the data seam: dataset() below) ---
+    # A registered dataset (tasks/datasets.py): "pile": The Pile under --data_dir; "sample":
+    # the built-in corpus (Python's docs in Pile format); "synthetic": generated sequences;
+    # "none": evaluation only; or a user's own registered name.
     DATASET: str = "synthetic"
     LAMBADA_EVAL: bool = False  # evaluate on Lambada at every eval interval
     EVAL_BATCHES: int = 4  # Pile validation batches per evaluation
@@ -200,6 +202,8 @@ class BaseExperiment:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise UserError(f"{name}={value} must be a probability in [0, 1)")
+        if type(self).dataset is BaseExperiment.dataset:
+            self.dataset()  # an unregistered DATASET fails now, with its near match
 
     # --- The model seam -------------------------------------------------------------
 
@@ -250,6 +254,46 @@ class BaseExperiment:
             residual_dropout_prob=self.RESIDUAL_DROPOUT_PROB,
             relu_dropout_prob=self.RELU_DROPOUT_PROB,
         )
+
+    # --- The data seam -------------------------------------------------------------
+
+    def dataset(self) -> "data.Dataset":
+        """What the run trains and evaluates on (runner/core/data.py's Dataset protocol).
+
+        Default: the dataset registered under DATASET (tasks/datasets.py). Override it to
+        train on your own files (`tasks.text.TextFiles(train="data/*.jsonl.gz", ...)`) or
+        to return any dataset of your own.
+        """
+        from tasks import datasets
+
+        return datasets.lookup(self.DATASET)
+
+    def data_settings(self, data_dir: str | None = None, vocab_path: str | None = None,
+                      cache_dir: str | None = None) -> "data.DataSettings":
+        """The hyperparameters a dataset reads, and where the flags say data live."""
+        from runner.core import data
+
+        return data.DataSettings(
+            seq_len=self.MAX_SEQ_LEN, vocab_size=self.VOCAB_SIZE,
+            seed=self.TRAIN_INPUT_RANDOM_SEED, packed=self.PACKED_INPUT,
+            eval_batches=self.EVAL_BATCHES, lambada_eval=self.LAMBADA_EVAL,
+            lambada_max_examples=self.LAMBADA_MAX_EXAMPLES, data_dir=data_dir,
+            vocab_path=vocab_path, cache_dir=cache_dir)
+
+    def train_dataset(self, settings: "data.DataSettings"):
+        """The train input's graph node (None: evaluation only). Default: the dataset's."""
+        return self.dataset().train_input(settings)
+
+    def evaluations(self, settings: "data.DataSettings") -> list:
+        """The evaluation sets' graph nodes. Default: the dataset's; extend with super()."""
+        return list(self.dataset().evaluations(settings))
+
+    # --- The callback seam ---------------------------------------------------------
+
+    def callbacks(self) -> list:
+        """Extra training-loop callbacks (runner.core.callbacks.Callback) for this
+        experiment, beside the built-in ones the launcher adds."""
+        return []
 
     def run_config(self, data_dir: str | None = None, vocab_path: str | None = None,
                    cache_dir: str | None = None, plan_for_hopper: bool | None = None

@@ -11,9 +11,8 @@ from layers import attention
 from layers.stack import transformer_layer_template
 from runner.core import spec
 from runner.core.errors import UserError
+from runner.core.log import log
 from runner.state import optimizer, partitioning
-from runner.training.summaries import log
-from tasks import datasets, evaluations, synthetic
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,
@@ -42,7 +41,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         weight_decay=exp.WEIGHT_DECAY,
         clip_gradient_norm_to_value=exp.CLIP_GRADIENT_NORM_TO_VALUE,
     )
-    train_input, evals = _datasets(exp, data_dir, vocab_path, cache_dir)
+    settings = exp.data_settings(data_dir=data_dir, vocab_path=vocab_path, cache_dir=cache_dir)
     return fdl.Config(
         spec.RunSpec,
         name=type(exp).__name__,
@@ -63,9 +62,10 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         ),
         model_shape=fdl.Config(spec.ModelShape, num_layers=exp.NUM_LAYERS,
                                num_heads=exp.NUM_HEADS, dims_per_head=exp.DIMS_PER_HEAD,
-                               seq_len=exp.MAX_SEQ_LEN),
-        make_train_input=train_input,
-        evals=evals,
+                               seq_len=exp.MAX_SEQ_LEN, vocab_size=exp.VOCAB_SIZE),
+        make_train_input=exp.train_dataset(settings),
+        evals=exp.evaluations(settings),
+        tokenizer=exp.dataset().tokenizer(settings),
     )
 
 
@@ -94,51 +94,3 @@ def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
     if note:
         log(note)
     return model
-
-
-def _datasets(exp, data_dir, vocab_path, cache_dir):
-    """(train input factory or None, [Evaluation configs]) for exp.DATASET and LAMBADA_EVAL."""
-    if exp.DATASET == "synthetic":
-        train = fdl.Partial(synthetic.SyntheticTrainInput, seq_len=exp.MAX_SEQ_LEN,
-                            vocab_size=exp.VOCAB_SIZE, seed=exp.TRAIN_INPUT_RANDOM_SEED)
-        evals = []
-        if exp.EVAL_BATCHES:
-            evals.append(fdl.Config(
-                evaluations.TokenLossEval, name="synthetic_eval",
-                make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=exp.MAX_SEQ_LEN,
-                                       vocab_size=exp.VOCAB_SIZE, num_batches=exp.EVAL_BATCHES,
-                                       # A seed of its own: evaluation never sees training rows.
-                                       seed=exp.TRAIN_INPUT_RANDOM_SEED + 1_000_003)))
-        if exp.LAMBADA_EVAL:
-            raise UserError("LAMBADA_EVAL=True needs text data: set --fdl.DATASET=\"pile\" "
-                            "(with --data_dir) or \"sample\"")
-        return train, evals
-
-    # Text data in the Pile layout: the real thing, or the built-in sample corpus.
-    if exp.DATASET == "sample":
-        data_dir = fdl.Config(datasets.sample_data_dir)
-        vocab_path = fdl.Config(datasets.sample_vocab_path)
-    else:
-        data_dir = fdl.Config(datasets.required_data_dir, data_dir)
-    # One shared node: the vocabulary is loaded (and checked) once for all inputs.
-    vocab = fdl.Config(datasets.vocabulary, vocab_path=vocab_path, vocab_size=exp.VOCAB_SIZE)
-    train = None
-    evals = []
-    if exp.DATASET != "none":
-        train = fdl.Partial(datasets.pile_train_input, data_dir=data_dir, vocab=vocab,
-                            seq_len=exp.MAX_SEQ_LEN, seed=exp.TRAIN_INPUT_RANDOM_SEED,
-                            packed=exp.PACKED_INPUT, cache_dir=cache_dir)
-        if exp.EVAL_BATCHES:
-            evals.append(fdl.Config(
-                evaluations.TokenLossEval, name="pile_val",
-                make_input=fdl.Partial(datasets.pile_eval_input, data_dir=data_dir, vocab=vocab,
-                                       seq_len=exp.MAX_SEQ_LEN, num_batches=exp.EVAL_BATCHES)))
-    if exp.LAMBADA_EVAL:
-        evals.append(fdl.Config(
-            evaluations.LambadaEval, name="lambada",
-            make_input=fdl.Partial(datasets.LambadaEvalInput, data_dir=data_dir, vocab=vocab,
-                                   seq_len=exp.MAX_SEQ_LEN,
-                                   max_examples=exp.LAMBADA_MAX_EXAMPLES)))
-    if train is None and not evals:
-        raise UserError("DATASET='none' needs LAMBADA_EVAL=True (an evaluation-only experiment)")
-    return train, evals

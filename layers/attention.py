@@ -101,12 +101,15 @@ class _FusedKernels:
         blnh = self.activation_split_dims_mapping.blnh
         if not self.mesh_axis_names or blnh is None:
             return kernel(query, key, value, segment_ids)
-        # Each device runs the kernel on its own batch rows and heads.
-        # Auto axes, like the runner's Mesh (jax 0.11's AbstractMesh defaults to Explicit
-        # axes, with which shard_map demands inputs already typed with these specs).
-        mesh = jax.sharding.AbstractMesh(
-            tuple(self.mesh_shape), tuple(self.mesh_axis_names),
-            axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh_axis_names))
+        # Each device runs the kernel on its own batch rows and heads, on the mesh the
+        # caller set (jax.set_mesh; shard_map insists on that very one), else on one of the
+        # layer's shape with Auto axes, like the runner's Mesh (jax 0.11's AbstractMesh
+        # defaults to Explicit axes, with which shard_map demands inputs already typed).
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            mesh = jax.sharding.AbstractMesh(
+                tuple(self.mesh_shape), tuple(self.mesh_axis_names),
+                axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh_axis_names))
         qkv_spec = P(*blnh)
         return jax.shard_map(
             kernel, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, P(blnh[0], None)),

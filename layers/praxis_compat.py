@@ -7,6 +7,8 @@ tests/test_praxis_compat.py. Import this module before anything from praxis;
 `layers/__init__.py` does, so `import layers` is enough.
 """
 
+import math
+
 import jax
 import jax.lib
 import jax.tree_util
@@ -27,3 +29,42 @@ if not hasattr(jax.lib, "xla_client"):
 for _name in ("tree_map", "tree_flatten"):
     if not hasattr(jax, _name):
         setattr(jax, _name, getattr(jax.tree_util, _name))
+
+# praxis 1.4.0 finds the mesh that its activation sharding annotations name in jax's
+# legacy resource environment (pxla.thread_resources, deprecated since jax 0.8.2), which
+# only the deprecated Mesh context manager fills. Under `jax.set_mesh(mesh)`, which sets the
+# abstract mesh instead:
+#   py_utils.global_mesh_defined  is False, so py_utils.with_sharding_constraint (behind
+#                                 base_layer.maybe_shard, and layers/sharding.derive/shard)
+#                                 drops every activation annotation, silently: fewer
+#                                 constraints, a different SPMD program, and the wrong
+#                                 gradients that layers/softmax.py's gather avoids;
+#   sharding.num_shards_on_dim    counts one shard on every axis (the optional "[t]"
+#                                 dimensions of grouped-query attention's annotations).
+# Both read the abstract mesh that jax.set_mesh sets (inside jit too).
+from praxis import base_layer as _base_layer  # noqa: E402  (after the patches above)
+from praxis import py_utils as _py_utils  # noqa: E402
+from praxis.layers import sharding as _sharding  # noqa: E402
+
+
+def _global_mesh_defined() -> bool:
+    return not jax.sharding.get_abstract_mesh().empty
+
+
+def _num_shards_on_dim(dim_sharding) -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    mapping = None
+    if _base_layer.JaxContext.has_context():
+        mapping = _base_layer.cur_jax_context().hparams.mesh_axes_transpose
+    if dim_sharding is None:
+        axes = ()
+    elif isinstance(dim_sharding, str):
+        axes = (dim_sharding,)
+    else:
+        axes = tuple(dim_sharding)
+    sizes = {} if mesh.empty else dict(mesh.shape)
+    return math.prod(sizes.get(_base_layer.transpose_one_axis(a, mapping), 1) for a in axes)
+
+
+_py_utils.global_mesh_defined = _global_mesh_defined
+_sharding.num_shards_on_dim = _num_shards_on_dim

@@ -17,8 +17,6 @@ experiments -> (training, inference) -> state -> cluster -> (layers, tasks) -> c
 package imports only itself and packages below it. The experiment object stops at the
 launcher; the runtime sees a RunSpec.
 
-Importing the package applies the praxis compat patches first, so every runner module may
-import praxis.
+The packages that build on praxis (state and above) apply the praxis compat patches when
+imported (layers/praxis_compat.py), so their modules may import praxis.
 """
-
-from layers import praxis_compat  # noqa: F401

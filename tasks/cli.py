@@ -4,16 +4,16 @@ import sys
 
 from absl import app
 
-from tasks.errors import DataError
+from runner.core.errors import UserError
 
 
 def run(main) -> None:
-    """absl's app.run, but a DataError prints one line and exits 2, like main.py."""
+    """absl's app.run, but a UserError prints one line and exits 2, like main.py."""
 
     def wrapped(argv):
         try:
             return main(argv)
-        except DataError as e:
+        except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 

@@ -1,28 +1,189 @@
-"""Dataset factories that experiments name in their Fiddle graph.
+"""Datasets registered by name: what `DATASET=` names on the command line.
 
-Each is called once the mesh is known, with `global_batch_size` and this
-process's `process_rows`, and returns a train input (next_batch / get_state /
-set_state) or an iterable of evaluation batches. Where the data lives comes
-from flags (`--data_dir`, `--vocab_path`), never from hyperparameters.
+A dataset implements runner.core.data.Dataset: given the run's DataSettings it returns the
+Fiddle nodes of its train input, its evaluations and its tokenizer, which the run graph
+records. The built-in ones are registered here; a user registers their own the same way,
+in their own module, or returns an instance from their experiment's `dataset()` method
+without registering it:
+
+    @datasets.register("my_corpus")
+    @dataclasses.dataclass(frozen=True)
+    class MyCorpus:
+        def train_input(self, settings): return fdl.Partial(MyTrainInput, ...)
+        def evaluations(self, settings): return []
+        def tokenizer(self, settings): return None
+
+Datasets are frozen dataclasses: hashable, so each builds its nodes once per settings and
+every consumer shares them (the tokenizer is loaded and checked once), and a
+`--fdl.DATASET` name resolves to a fresh instance with the defaults.
 """
 
-from tasks import layout, sample_corpus
-from tasks.errors import DataError
+import dataclasses
+import functools
+
+import fiddle as fdl
+
+from runner.core.data import DataSettings, Tokenizer
+from runner.core.errors import UserError, near_matches
+from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.lambada import lambada_batches, read_lambada
-from tasks.vocab import Vocabulary, check_vocab_size, load_vocabulary
+from tasks.tokenizer import load_tokenizer
+from tasks.vocab import check_vocab_size
+
+_REGISTRY: dict[str, type] = {}
 
 
-def vocabulary(*, vocab_path, vocab_size: int) -> Vocabulary:
-    """The SentencePiece vocabulary, checked against the model's VOCAB_SIZE."""
-    vocab = load_vocabulary(vocab_path)
-    check_vocab_size(vocab, vocab_size)
-    return vocab
+def register(name: str):
+    """Class decorator: `DATASET="name"` (and --fdl.DATASET) builds this class's defaults."""
+
+    def add(cls):
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def registered() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def lookup(name: str):
+    """The registered dataset `name`, with its defaults; a one-line error with the near match."""
+    if name not in _REGISTRY:
+        raise UserError(f"DATASET={name!r} is not a registered dataset (registered: "
+                        f"{', '.join(registered())}){near_matches(name, _REGISTRY)}")
+    return _REGISTRY[name]()
+
+
+def vocabulary(*, vocab_path, vocab_size: int) -> Tokenizer:
+    """The tokenizer at `vocab_path` (a SentencePiece .model or a tokenizer.json, chosen by
+    the file), checked against the model's VOCAB_SIZE."""
+    tokenizer = load_tokenizer(vocab_path)
+    check_vocab_size(tokenizer, vocab_size)
+    return tokenizer
+
+
+def lambada_evaluation(settings: DataSettings, data_dir, tokenizer, max_examples: int):
+    """Lambada's last-word accuracy (Pax's LAMBADA eval) over DIR/lambada, as a graph node."""
+    return fdl.Config(
+        evaluations.LambadaEval, name="lambada",
+        make_input=fdl.Partial(LambadaEvalInput, data_dir=data_dir, vocab=tokenizer,
+                               seq_len=settings.seq_len, max_examples=max_examples))
+
+
+# ----- synthetic -------------------------------------------------------------------------
+
+
+@register("synthetic")
+@dataclasses.dataclass(frozen=True)
+class Synthetic:
+    """Generated token ids with learnable structure (tasks/synthetic.py); no tokenizer."""
+
+    def train_input(self, settings: DataSettings):
+        return fdl.Partial(synthetic.SyntheticTrainInput, seq_len=settings.seq_len,
+                           vocab_size=settings.vocab_size, seed=settings.seed)
+
+    def evaluations(self, settings: DataSettings):
+        if settings.lambada_eval:
+            raise UserError("LAMBADA_EVAL=True needs text data: set --fdl.DATASET=\"pile\" "
+                            "(with --data_dir) or \"sample\"")
+        if not settings.eval_batches:
+            return []
+        return [fdl.Config(
+            evaluations.TokenLossEval, name="synthetic_eval",
+            make_input=fdl.Partial(synthetic.SyntheticEvalInput, seq_len=settings.seq_len,
+                                   vocab_size=settings.vocab_size,
+                                   num_batches=settings.eval_batches,
+                                   # A seed of its own: evaluation never sees training rows.
+                                   seed=settings.seed + 1_000_003))]
+
+    def tokenizer(self, settings: DataSettings):
+        return None
+
+
+# ----- The Pile layout: pile/ and lambada/ under a directory ------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _PileLayout:
+    """Text in The Pile's layout (tasks/layout.py: jsonl.zst or Pax's TFDS shards), with
+    Lambada beside it, tokenized by a SentencePiece model."""
+
+    train: bool = True  # False: Lambada only (an evaluation-only experiment)
+
+    def _data_dir(self, settings: DataSettings):
+        return fdl.Config(required_data_dir, settings.data_dir)
+
+    def _vocab_path(self, settings: DataSettings):
+        return settings.vocab_path
+
+    def train_input(self, settings: DataSettings):
+        if not self.train:
+            return None
+        return fdl.Partial(pile_train_input, data_dir=self._nodes(settings)[0],
+                           vocab=self.tokenizer(settings), seq_len=settings.seq_len,
+                           seed=settings.seed, packed=settings.packed,
+                           cache_dir=settings.cache_dir)
+
+    def evaluations(self, settings: DataSettings):
+        data_dir, vocab = self._nodes(settings)
+        evals = []
+        if self.train and settings.eval_batches:
+            evals.append(fdl.Config(
+                evaluations.TokenLossEval, name="pile_val",
+                make_input=fdl.Partial(pile_eval_input, data_dir=data_dir, vocab=vocab,
+                                       seq_len=settings.seq_len,
+                                       num_batches=settings.eval_batches)))
+        if settings.lambada_eval:
+            evals.append(lambada_evaluation(settings, data_dir, vocab,
+                                            settings.lambada_max_examples))
+        if not self.train and not evals:
+            raise UserError("DATASET='none' needs LAMBADA_EVAL=True (an evaluation-only "
+                            "experiment)")
+        return evals
+
+    def tokenizer(self, settings: DataSettings):
+        return self._nodes(settings)[1]
+
+    @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
+    def _nodes(self, settings: DataSettings):
+        """(data_dir, vocabulary) nodes, shared by every input so each is built once."""
+        return self._data_dir(settings), fdl.Config(
+            vocabulary, vocab_path=self._vocab_path(settings), vocab_size=settings.vocab_size)
+
+
+@register("pile")
+@dataclasses.dataclass(frozen=True)
+class Pile(_PileLayout):
+    """The Pile under --data_dir (scripts_gpu/download_the_pile.py, or Pax's TFDS build),
+    with --vocab_path's SentencePiece model, as the Pax GPU configs train."""
+
+
+@register("none")
+@dataclasses.dataclass(frozen=True)
+class LambadaOnly(_PileLayout):
+    """No training data: Lambada under --data_dir, for evaluation-only experiments."""
+
+    train: bool = False
+
+
+@register("sample")
+@dataclasses.dataclass(frozen=True)
+class Sample(_PileLayout):
+    """The built-in sample corpus: Python's own documentation in The Pile's layout, with a
+    SentencePiece model trained on it, built on first use (tasks/sample_corpus.py)."""
+
+    def _data_dir(self, settings: DataSettings):
+        return fdl.Config(sample_data_dir)
+
+    def _vocab_path(self, settings: DataSettings):
+        return fdl.Config(sample_vocab_path)
 
 
 def required_data_dir(data_dir) -> str:
     if not data_dir:
-        raise DataError("DATASET='pile' needs --data_dir (or --tfds_data_dir) naming a directory "
+        raise UserError("DATASET='pile' needs --data_dir (or --tfds_data_dir) naming a directory "
                         "with pile/ and lambada/ (python scripts_gpu/download_the_pile.py "
                         "--data_dir DIR); --fdl.DATASET=\"sample\" trains on the built-in corpus")
     return str(data_dir)
@@ -63,3 +224,6 @@ class LambadaEvalInput:
     def __iter__(self):
         return lambada_batches(self.examples, self.vocab, self.seq_len, self.global_batch_size,
                                self.process_rows)
+
+
+from tasks import text  # noqa: E402,F401,I001  (registers "text"; it builds on the above)

@@ -29,11 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.errors import DataError
+from runner.core.errors import UserError
 from tasks.packing import make_batch, pack_documents, pad_batch_rows
-from tasks.pile import iter_documents
-from tasks.prepare import PreparedFile, prepare
-from tasks.vocab import PAD_ID, Vocabulary
+from tasks.prepare import PreparedFile, Tokenizer, prepare
+from tasks.text_formats import TextFormat
+from tasks.vocab import PAD_ID
+
+_DEFAULT_FORMAT = TextFormat()
 
 _ENCODE_BATCH_DOCS = 256
 
@@ -125,8 +127,9 @@ def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len
 class PileTrainInput:
     """Shuffled, packed training batches for rows [process_rows[0]:process_rows[1]] of each global batch.
 
-    files: raw Pile-format files (tasks.layout.pile_train_files); they are tokenized
-      once into `cache_dir` (default <data_dir>/pile/tokenized) if not yet prepared.
+    files: raw text files (tasks.layout.pile_train_files, or tasks.text_formats.expand_files
+      for a user's corpus), read as `text_format` says; they are tokenized once into
+      `cache_dir` (default <data_dir>/pile/tokenized) if not yet prepared.
     packed: pack documents across rows (the default). With packed=False each row
       holds (a piece of) one document, padded; long documents still span rows.
     """
@@ -134,7 +137,7 @@ class PileTrainInput:
     def __init__(
         self,
         files,
-        vocab: Vocabulary,
+        vocab: Tokenizer,
         seq_len: int,
         global_batch_size: int,
         process_rows: tuple[int, int],
@@ -142,6 +145,7 @@ class PileTrainInput:
         packed: bool = True,
         cache_dir=None,
         workers: int | None = None,
+        text_format: TextFormat = _DEFAULT_FORMAT,
     ):
         lo, hi = process_rows
         if not 0 <= lo < hi <= global_batch_size:
@@ -154,7 +158,8 @@ class PileTrainInput:
         self.process_rows = (int(lo), int(hi))
         self.seed = int(seed)
         self.packed = bool(packed)
-        self.shards = prepare(files, vocab, cache_dir, workers)
+        self.text_format = text_format
+        self.shards = prepare(files, vocab, cache_dir, workers, text_format=text_format)
         self.stream = TokenStream(self.shards, vocab.eos_id)
         if self.packed:
             self.num_sequences = (self.stream.num_tokens - 1) // self.seq_len
@@ -166,7 +171,7 @@ class PileTrainInput:
             self.num_sequences = len(self._starts)
         self.batches_per_epoch = self.num_sequences // self.global_batch_size
         if self.batches_per_epoch == 0:
-            raise DataError(
+            raise UserError(
                 f"the train files ({Path(self.shards[0].source).parent}) hold {self.stream.num_tokens:,} tokens, "
                 f"{self.num_sequences} sequences of {self.seq_len}, fewer than one global batch of "
                 f"{self.global_batch_size}; add data or lower the batch size or MAX_SEQ_LEN"
@@ -221,11 +226,11 @@ class PileTrainInput:
         }
 
     def set_state(self, state: dict) -> None:
-        """Continue after the batch where get_state() was taken; DataError if the data order would differ."""
+        """Continue after the batch where get_state() was taken; UserError if the data order would differ."""
         mine = self.get_state()
         for key in ("seed", "seq_len", "global_batch_size", "packed", "num_sequences"):
             if key in state and state[key] != mine[key]:
-                raise DataError(
+                raise UserError(
                     f"the checkpointed input state has {key}={state[key]!r} but this run has {key}={mine[key]!r}, "
                     "so it would not continue the same data order; restore with the original settings and data "
                     "or start a new --job_log_dir"
@@ -235,10 +240,11 @@ class PileTrainInput:
 
 def raw_rows(
     files: Iterable,
-    vocab: Vocabulary,
+    vocab: Tokenizer,
     seq_len: int,
     keep_last_partial: bool = False,
     num_threads: int = 1,
+    text_format: TextFormat = _DEFAULT_FORMAT,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Packed (row [L+1], n_real) from raw files in order, tokenizing on the fly."""
 
@@ -246,7 +252,7 @@ def raw_rows(
         eos = vocab.eos_id
         for path in files:
             batch = []
-            for text in iter_documents(path):
+            for text in text_format.documents(path):
                 batch.append(text)
                 if len(batch) == _ENCODE_BATCH_DOCS:
                     yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
@@ -267,11 +273,12 @@ class PileEvalInput:
     def __init__(
         self,
         files,
-        vocab: Vocabulary,
+        vocab: Tokenizer,
         seq_len: int,
         batch_size: int,
         num_batches: int | None,
         process_rows: tuple[int, int] | None = None,
+        text_format: TextFormat = _DEFAULT_FORMAT,
     ):
         lo, hi = process_rows if process_rows is not None else (0, batch_size)
         if not 0 <= lo < hi <= batch_size:
@@ -288,12 +295,14 @@ class PileEvalInput:
         self.batch_size = int(batch_size)
         self.num_batches = num_batches
         self.process_rows = (lo, hi)
+        self.text_format = text_format
         self._batches: list[dict] | None = None
 
     def _build(self) -> list[dict]:
         limit = None if self.num_batches is None else self.num_batches * self.batch_size
         rows, lengths = [], []
-        for row, n in raw_rows(self.files, self.vocab, self.seq_len, keep_last_partial=True):
+        for row, n in raw_rows(self.files, self.vocab, self.seq_len, keep_last_partial=True,
+                               text_format=self.text_format):
             rows.append(row)
             lengths.append(n)
             if limit is not None and len(rows) == limit:

@@ -6,7 +6,7 @@ context is everything before it. Context and target are tokenized separately
 and concatenated after an EOS (which plays BOS, as in training; see
 tasks/packing.py), so the target's tokens are exactly the tokens of " word",
 never merged with the context. A passage is correct when every target token is
-the model's argmax. Because the eval set must be exact, a bad line is a DataError,
+the model's argmax. Because the eval set must be exact, a bad line is a UserError,
 not a skip.
 
 Batch rows are examples in file order: row r of global batch b is example
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runner.core.errors import UserError
 from tasks import tfds
-from tasks.errors import DataError
 from tasks.packing import make_batch
 from tasks.vocab import PAD_ID, Vocabulary
 
@@ -52,12 +52,12 @@ def split_target(text: str) -> tuple[str, str] | None:
 
 def read_lambada(path) -> list[LambadaExample]:
     """All examples of a Lambada jsonl file (or a TFDS shard of paxml's my_lambada build);
-    DataError naming file:line for any bad line."""
+    UserError naming file:line for any bad line."""
     path = Path(path)
     if tfds.is_tfrecord(path):
         return _read_tfds_lambada(path)
     if not path.is_file():
-        raise DataError(
+        raise UserError(
             f"{path} does not exist; download it with `python scripts_gpu/download_lambada.py`"
         )
     examples = []
@@ -69,20 +69,20 @@ def read_lambada(path) -> list[LambadaExample]:
             try:
                 record = json.loads(raw)
             except ValueError as e:
-                raise DataError(f"{where} is not valid JSON ({e}); re-download the file") from None
+                raise UserError(f"{where} is not valid JSON ({e}); re-download the file") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
-                raise DataError(
+                raise UserError(
                     f'{where} has no "text" string; each line must be {{"text": passage}}'
                 )
             parts = split_target(text)
             if parts is None:
-                raise DataError(
+                raise UserError(
                     f"{where} has fewer than two words, so no context and target; fix or remove it"
                 )
             examples.append(LambadaExample(parts[0], parts[1], lineno))
     if not examples:
-        raise DataError(f"{path} has no examples; re-download it")
+        raise UserError(f"{path} has no examples; re-download it")
     return examples
 
 
@@ -93,11 +93,11 @@ def _read_tfds_lambada(path: Path) -> list[LambadaExample]:
     for record, (context, target) in enumerate(
             tfds.iter_examples(path, ("inputs", "targets")), start=1):
         if not context.strip() or not target.strip():
-            raise DataError(f"{path}: record {record} has an empty context or target; "
+            raise UserError(f"{path}: record {record} has an empty context or target; "
                             f"rebuild it with paxml's download_lambada.py")
         examples.append(LambadaExample(context, target, record))
     if not examples:
-        raise DataError(f"{path} has no examples; rebuild it")
+        raise UserError(f"{path} has no examples; rebuild it")
     return examples
 
 
@@ -113,7 +113,7 @@ def tokenize_example(
     target = vocab.encode(example.target)
     room = seq_len + 1 - len(target)
     if room < 1:
-        raise DataError(
+        raise UserError(
             f"Lambada line {example.line}: the target {example.target!r} is {len(target)} tokens, "
             f"which does not fit MAX_SEQ_LEN={seq_len}; use a longer MAX_SEQ_LEN"
         )

@@ -9,7 +9,7 @@ or paxml's TFDS build of the same (tasks/tfds.py): the_pile/lm/1.0.0/the_pile-{t
 validation,test}.tfrecord-* and my_lambada/lm/1.0.0/my_lambada-test.tfrecord-*. The
 jsonl layout wins where a directory holds both.
 
-Each function returns the path(s) or raises DataError naming what is missing and
+Each function returns the path(s) or raises UserError naming what is missing and
 the command that downloads it, so a wrong `--data_dir` fails before any model is
 built.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from absl import logging
 
+from runner.core.errors import UserError
 from tasks import tfds
-from tasks.errors import DataError
 
 PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"
 LAMBADA_DOWNLOAD = "python scripts_gpu/download_lambada.py --data_dir {data_dir}"
@@ -32,7 +32,7 @@ def pile_train_files(data_dir) -> list[Path]:
     if not train_dir.is_dir():
         if shards := tfds.shards(data_dir, tfds.PILE, "train"):
             return shards
-        raise DataError(
+        raise UserError(
             f"{train_dir} does not exist (nor paxml's TFDS build, "
             f"{tfds.builder_dir(data_dir, tfds.PILE)}); download The Pile with "
             f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
@@ -45,7 +45,7 @@ def pile_train_files(data_dir) -> list[Path]:
         if p.is_file() and (p.name.endswith(".jsonl.zst") or p.name.endswith(".jsonl"))
     )
     if not files:
-        raise DataError(
+        raise UserError(
             f"{train_dir} has no *.jsonl.zst or *.jsonl files; download The Pile with "
             f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}`"
         )
@@ -59,7 +59,7 @@ def _split_files(data_dir, split: str) -> list[Path]:
             return [pile_dir / name]
     if shards := tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split]):
         return shards
-    raise DataError(
+    raise UserError(
         f"{pile_dir / (split + '.jsonl.zst')} does not exist; download it with "
         f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`"
     )
@@ -81,7 +81,7 @@ def lambada_files(data_dir) -> list[Path]:
     if not path.is_file():
         if shards := tfds.shards(data_dir, tfds.LAMBADA, "test"):
             return shards
-        raise DataError(
+        raise UserError(
             f"{path} does not exist; download it with "
             f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
         )

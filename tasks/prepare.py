@@ -1,10 +1,14 @@
-"""Tokenize raw Pile-format files once into memory-mappable token shards.
+"""Tokenize raw text files once into memory-mappable token shards.
 
     python -m tasks.prepare --data_dir=DIR --vocab_path=P [--workers=N]
 
-For a set of source files and a vocabulary, the cache directory is
+The files are read with tasks/text_formats.py (Pile jsonl.zst, jsonl, jsonl.gz, parquet,
+Arrow, txt, TFDS shards; a TextFormat says which field holds the text), the tokenizer is
+a SentencePiece model or a Hugging Face tokenizer.json (tasks/tokenizer.py). For a set of
+source files, a tokenizer and a text format, the cache directory is
 
-    <cache_root>/<key>/                  key = hash(vocab bytes, source names+sizes+mtimes)
+    <cache_root>/<key>/                  key = hash(tokenizer, text format, source
+                                               names+sizes+mtimes)
         000-00.jsonl.zst.tokens.npy      [num_tokens] uint16 (uint32 if vocab > 65536): each
                                          document's ids followed by EOS, documents in file order
         000-00.jsonl.zst.docs.npy        [num_docs] int64: end offset (exclusive) of each document
@@ -29,11 +33,17 @@ from pathlib import Path
 import numpy as np
 from absl import flags, logging
 
+from runner.core.errors import UserError
 from tasks import layout
-from tasks.errors import DataError
-from tasks.pile import ReadStats, iter_documents
 from tasks.progress import Progress
-from tasks.vocab import Vocabulary, load_vocabulary
+from tasks.text_formats import ReadStats, TextFormat
+from tasks.tokenizer import HFTokenizer, load_tokenizer
+from tasks.vocab import Vocabulary
+
+# Either tokenizer of tasks/tokenizer.py (anything with the runner.core.data.Tokenizer
+# methods and a `path` and `sha256`).
+Tokenizer = Vocabulary | HFTokenizer
+_DEFAULT_FORMAT = TextFormat()
 
 FORMAT_VERSION = 1
 _NPY_HEADER_BYTES = 128  # fixed, so the final shape can be written over the placeholder
@@ -94,10 +104,17 @@ class PreparedFile:
         return np.load(self.docs_path, mmap_mode="r")
 
 
-def cache_key(files, vocab: Vocabulary) -> str:
-    """Hash of everything the shards depend on: vocab bytes, source names, sizes, mtimes."""
+def cache_key(files, vocab: Tokenizer, text_format: TextFormat = _DEFAULT_FORMAT) -> str:
+    """Hash of everything the shards depend on: the tokenizer's bytes (and, for a Hugging
+    Face tokenizer, its EOS, which tokenizer_config.json may choose), the text format,
+    source names, sizes, mtimes. The default format and a SentencePiece model add nothing,
+    so caches made before formats existed stay valid."""
     h = hashlib.sha256()
     h.update(f"v{FORMAT_VERSION}\n{vocab.sha256}\n".encode())
+    if not isinstance(vocab, Vocabulary):
+        h.update(f"{type(vocab).__name__} eos={vocab.eos_id}\n".encode())
+    if text_format != _DEFAULT_FORMAT:
+        h.update(f"{json.dumps(dataclasses.asdict(text_format), sort_keys=True)}\n".encode())
     for path in files:
         st = os.stat(path)
         h.update(f"{Path(path).name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
@@ -112,13 +129,18 @@ def _stem(index: int, path) -> str:
 _progress = None
 
 
-def _init_worker(progress) -> None:
+def _init_worker(progress, threads: int | None = None) -> None:
     global _progress
     _progress = progress
+    if threads is not None:
+        # The pool size of Hugging Face tokenizers' encode_batch (Rust, rayon), read when the
+        # pool starts: without this each worker would start one thread per CPU.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
 
 
 def _prepare_one(
-    index: int, source: str, out_dir: str, vocab: Vocabulary, num_threads: int
+    index: int, source: str, out_dir: str, vocab: Tokenizer, num_threads: int,
+    text_format: TextFormat = _DEFAULT_FORMAT,
 ) -> dict:
     """Tokenize one source file into its .tokens.npy/.docs.npy/.json; returns its counts."""
     out = Path(out_dir)
@@ -144,7 +166,7 @@ def _prepare_one(
             if _progress is not None:
                 _progress[index] = stats.bytes_read
 
-        for text in iter_documents(source, stats):
+        for text in text_format.documents(source, stats):
             batch.append(text)
             if len(batch) >= _ENCODE_BATCH_DOCS:
                 flush()
@@ -184,27 +206,29 @@ def _report_progress(progress, sizes: list[int], stop: threading.Event) -> None:
 
 
 def prepare(
-    files, vocab: Vocabulary, cache_root=None, workers: int | None = None, progress: bool = True
+    files, vocab: Tokenizer, cache_root=None, workers: int | None = None, progress: bool = True,
+    text_format: TextFormat = _DEFAULT_FORMAT,
 ) -> list[PreparedFile]:
-    """Make sure `files` are tokenized with `vocab`; return the shards, in `files` order."""
+    """Make sure `files` (read as `text_format` says) are tokenized with `vocab`; return the
+    shards, in `files` order."""
     files = [str(Path(f).resolve()) for f in files]
     if not files:
-        raise DataError("no source files to prepare")
+        raise UserError("no source files to prepare")
     for f in files:
         if not os.path.isfile(f):
-            raise DataError(f"{f} does not exist; check --data_dir")
+            raise UserError(f"{f} does not exist; check --data_dir")
     cache_root = Path(cache_root) if cache_root else layout.default_cache_dir(files)
-    out_dir = cache_root / cache_key(files, vocab)
+    out_dir = cache_root / cache_key(files, vocab, text_format)
     manifest_path = out_dir / "manifest.json"
     if not manifest_path.is_file():
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise DataError(
+            raise UserError(
                 f"cannot create the token cache {out_dir} ({e.strerror}); pass a writable cache directory "
                 "(--cache_dir) or prepare on a machine that can write there"
             ) from None
-        _prepare_missing(files, vocab, out_dir, workers, progress)
+        _prepare_missing(files, vocab, out_dir, workers, progress, text_format)
         infos = [
             json.loads((out_dir / f"{_stem(i, f)}.json").read_text()) for i, f in enumerate(files)
         ]
@@ -214,6 +238,7 @@ def prepare(
             "vocab_sha256": vocab.sha256,
             "vocab_size": vocab.vocab_size,
             "eos_id": vocab.eos_id,
+            "text_format": dataclasses.asdict(text_format),
             "dtype": token_dtype(vocab.vocab_size).str,
             "files": infos,
         }
@@ -232,7 +257,8 @@ def prepare(
 
 
 def _prepare_missing(
-    files: list[str], vocab: Vocabulary, out_dir: Path, workers, show_progress: bool
+    files: list[str], vocab: Tokenizer, out_dir: Path, workers, show_progress: bool,
+    text_format: TextFormat = _DEFAULT_FORMAT,
 ) -> None:
     todo = [(i, f) for i, f in enumerate(files) if not (out_dir / f"{_stem(i, f)}.json").is_file()]
     if not todo:
@@ -255,11 +281,13 @@ def _prepare_missing(
         if workers == 1:
             _init_worker(progress)
             for i, f in todo:
-                _prepare_one(i, f, str(out_dir), vocab, threads)
+                _prepare_one(i, f, str(out_dir), vocab, threads, text_format)
         else:
-            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress,)) as pool:
+            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress, threads)) as pool:
                 results = [
-                    pool.apply_async(_prepare_one, (i, f, str(out_dir), vocab, threads))
+                    pool.apply_async(
+                        _prepare_one, (i, f, str(out_dir), vocab, threads, text_format)
+                    )
                     for i, f in todo
                 ]
                 for r in results:
@@ -273,7 +301,7 @@ def _prepare_missing(
 
 def main(argv):
     del argv
-    vocab = load_vocabulary(FLAGS.vocab_path)
+    vocab = load_tokenizer(FLAGS.vocab_path)
     sets = []
     if "train" in FLAGS.splits:
         sets.append(layout.pile_train_files(FLAGS.data_dir))
@@ -295,7 +323,7 @@ if __name__ == "__main__":
         required=True,
     )
     flags.DEFINE_string(
-        "vocab_path", os.environ.get("VOCAB_PATH"), "SentencePiece .model file (or $VOCAB_PATH)."
+        "vocab_path", os.environ.get("VOCAB_PATH"), "SentencePiece .model file or Hugging Face tokenizer.json (or $VOCAB_PATH)."
     )
     flags.DEFINE_string(
         "cache_dir", None, "Root of the token cache (default <data_dir>/pile/tokenized)."

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from tasks.errors import DataError
+from runner.core.errors import UserError
 
 PILE = ("the_pile", "lm", "1.0.0")
 LAMBADA = ("my_lambada", "lm", "1.0.0")
@@ -49,7 +49,7 @@ def _tensorflow():
     try:
         import tensorflow as tf
     except ImportError:
-        raise DataError("reading TFDS TFRecord data needs TensorFlow: pip install '.[tfds]' "
+        raise UserError("reading TFDS TFRecord data needs TensorFlow: pip install '.[tfds]' "
                         "(or convert the data to jsonl.zst with scripts_gpu/download_the_pile.py)"
                         ) from None
     tf.config.set_visible_devices([], "GPU")  # TensorFlow must never take a GPU from JAX
@@ -71,16 +71,16 @@ def iter_examples(path, features: tuple[str, ...], stats=None) -> Iterator[tuple
             try:
                 example = tf.train.Example.FromString(raw)
             except DecodeError:
-                raise DataError(f"{path}: record {record} is not a tf.train.Example; expected "
+                raise UserError(f"{path}: record {record} is not a tf.train.Example; expected "
                                 f"paxml's TFDS build") from None
             values = []
             for name in features:
                 feature = example.features.feature.get(name)
                 if feature is None or not feature.bytes_list.value:
-                    raise DataError(f"{path}: record {record} has no bytes feature {name!r}; "
+                    raise UserError(f"{path}: record {record} has no bytes feature {name!r}; "
                                     f"expected paxml's TFDS build with features {features}")
                 values.append(feature.bytes_list.value[0].decode("utf-8"))
             yield tuple(values)
     except tf.errors.OpError as error:  # DataLossError: a truncated or corrupt shard
-        raise DataError(f"{path} is corrupt after {record} records ({error.message}); "
+        raise UserError(f"{path} is corrupt after {record} records ({error.message}); "
                         f"rebuild it with paxml's download script") from None

@@ -18,8 +18,8 @@ from pathlib import Path
 import sentencepiece as spm
 from absl import flags, logging
 
+from runner.core.errors import UserError
 from tasks import layout
-from tasks.errors import DataError
 from tasks.pile import iter_documents
 from tasks.progress import Heartbeat, Progress
 
@@ -68,7 +68,7 @@ def train_sentencepiece(
     """Train a model on `texts` and write it atomically to `output` (a .model file)."""
     output = Path(output)
     if vocab_size < 256 + 3 + 1:
-        raise DataError(
+        raise UserError(
             f"--vocab_size={vocab_size} is too small: byte fallback needs 259 ids; use >= 260"
         )
     model = io.BytesIO()
@@ -94,7 +94,7 @@ def train_sentencepiece(
     except RuntimeError as e:
         # e.g. "Vocabulary size is smaller than required_chars. 300 vs 312."
         reason = str(e).strip().splitlines()[-1].split("] ")[-1]
-        raise DataError(f"SentencePiece training for {output} failed: {reason}") from None
+        raise UserError(f"SentencePiece training for {output} failed: {reason}") from None
     finally:
         training.stop()
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""SentencePiece vocabulary: loading, encoding, and the VOCAB_SIZE check.
+"""SentencePiece vocabulary: loading, encoding, and the VOCAB_SIZE check (for any tokenizer:
+Hugging Face tokenizer.json files are loaded by tasks/tokenizer.py, with the same ids).
 
 Ids used by the data layer:
 - `eos_id` is the model's EOS piece. It ends every document in the packed token
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tasks.errors import DataError
+from runner.core.errors import UserError
 
 PAD_ID = 0
 # Embedding tables padded to a multiple of this run faster on GPUs (tensor cores).
@@ -62,25 +63,25 @@ class Vocabulary:
 
 
 def load_vocabulary(path) -> Vocabulary:
-    """Load a SentencePiece `.model` file; DataError if it is missing or not a model."""
+    """Load a SentencePiece `.model` file; UserError if it is missing or not a model."""
     hint = "set VOCAB_PATH / --vocab_path to a SentencePiece .model file"
     if not path:
-        raise DataError(f"no vocabulary given; {hint}")
+        raise UserError(f"no vocabulary given; {hint}")
     path = Path(path)
     if path.is_dir():
-        raise DataError(f"vocabulary {path} is a directory; {hint}")
+        raise UserError(f"vocabulary {path} is a directory; {hint}")
     if not path.is_file():
-        raise DataError(f"vocabulary {path} does not exist; {hint}")
+        raise UserError(f"vocabulary {path} does not exist; {hint}")
     try:
         proto = path.read_bytes()
         vocab = Vocabulary(path, proto)
     except (OSError, RuntimeError) as e:
-        raise DataError(
+        raise UserError(
             f"vocabulary {path} is not a readable SentencePiece model "
             f"({' '.join(str(e).split())}); {hint}"
         ) from None
     if vocab.eos_id < 0:
-        raise DataError(
+        raise UserError(
             f"vocabulary {path} has no EOS piece, which packing needs to mark document ends; "
             "use a model trained with an eos_id (e.g. `python -m tasks.train_vocab`)"
         )
@@ -92,14 +93,15 @@ def round_vocab_size(n: int) -> int:
     return -(-n // VOCAB_SIZE_MULTIPLE) * VOCAB_SIZE_MULTIPLE
 
 
-def check_vocab_size(vocab: Vocabulary, vocab_size: int) -> None:
-    """Raise DataError if the model's VOCAB_SIZE cannot hold every id of `vocab`.
+def check_vocab_size(vocab, vocab_size: int) -> None:
+    """Raise UserError if the model's VOCAB_SIZE cannot hold every id of `vocab` (a Vocabulary
+    or a tasks.tokenizer.HFTokenizer: anything with `path` and `vocab_size`).
 
     A larger VOCAB_SIZE is fine: the extra embedding rows are never looked up,
     and padding to a multiple of 128 is recommended for GPU speed.
     """
     if vocab_size < vocab.vocab_size:
-        raise DataError(
+        raise UserError(
             f"VOCAB_SIZE={vocab_size} but {vocab.path} has {vocab.vocab_size} pieces; "
             f"set --fdl.VOCAB_SIZE={round_vocab_size(vocab.vocab_size)}"
         )

@@ -155,3 +155,103 @@ def make_tfds_data(root, num_train: int, num_passages: int, seed: int):
     make_tfds_dir(root / "datasets", docs[:num_train], docs[num_train:], passages)
     vocab = train_sentencepiece(docs, 512, root / "spm.model", num_threads=1)
     return root / "datasets", vocab, docs, passages
+
+
+# --- a user's own corpus and tokenizer (tasks/text_formats.py, tasks/tokenizer.py) ---------
+
+CORPUS_FORMATS = (
+    "jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow", "hf_dataset", "txt", "txt_blank_line"
+)
+
+
+def as_blocks(docs: list[str]) -> list[str]:
+    """The documents as the "blank_line" txt reader gives them back: no blank (or
+    whitespace-only) lines inside, none leading or trailing."""
+    return ["\n".join(line for line in d.split("\n") if line.strip()) for d in docs]
+
+
+def write_corpus(tmp_path, fmt: str, docs: list[str], text_field: str = "text",
+                 name: str = "corpus") -> Path:
+    """Write `docs` in format `fmt` (one of CORPUS_FORMATS) under `tmp_path`; returns what a
+    user would pass as the data files (tasks.text_formats.expand_files):
+
+    jsonl, jsonl.gz, jsonl.zst, parquet: one file NAME.FMT, the text under `text_field`
+      beside an integer "id" field/column.
+    arrow: NAME.arrow, an Arrow IPC stream written by pyarrow (as save_to_disk writes it).
+    hf_dataset: the directory NAME/ of a real `datasets.Dataset.save_to_disk` (2 shards
+      when there are at least 2 documents).
+    txt: the directory NAME/ with one doc-NNNN.txt per document (txt_documents="file").
+    txt_blank_line: NAME.txt, the documents separated by blank lines
+      (txt_documents="blank_line"); the documents must have no blank lines (as_blocks).
+    """
+    root = Path(tmp_path)
+    root.mkdir(parents=True, exist_ok=True)
+    ids = list(range(len(docs)))
+    if fmt in ("jsonl", "jsonl.gz", "jsonl.zst"):
+        path = root / f"{name}.{fmt}"
+        raw = "".join(json.dumps({"id": i, text_field: d}) + "\n" for i, d in enumerate(docs))
+        data = raw.encode("utf-8")
+        if fmt == "jsonl.gz":
+            import gzip
+
+            data = gzip.compress(data)
+        elif fmt == "jsonl.zst":
+            data = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(data)
+        path.write_bytes(data)
+        return path
+    if fmt in ("parquet", "arrow"):
+        import pyarrow as pa
+
+        table = pa.table({"id": pa.array(ids, pa.int64()), text_field: pa.array(docs, pa.string())})
+        path = root / f"{name}.{fmt}"
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            # Small row groups, so a reader must cross several.
+            pq.write_table(table, path, row_group_size=max(1, len(docs) // 3))
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+                for batch in table.to_batches(max_chunksize=max(1, len(docs) // 3)):
+                    w.write_batch(batch)
+        return path
+    if fmt == "hf_dataset":
+        import datasets
+
+        path = root / name
+        dataset = datasets.Dataset.from_dict({"id": ids, text_field: list(docs)})
+        dataset.save_to_disk(str(path), num_shards=min(2, max(1, len(docs))))
+        return path
+    if fmt == "txt":
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        for i, d in enumerate(docs):
+            (path / f"doc-{i:04d}.txt").write_bytes(d.encode("utf-8"))
+        return path
+    if fmt == "txt_blank_line":
+        if as_blocks(docs) != list(docs):
+            raise ValueError("blank_line documents must have no blank lines; pass as_blocks(docs)")
+        path = root / f"{name}.txt"
+        path.write_bytes("\n\n".join(docs).encode("utf-8") + b"\n")
+        return path
+    raise ValueError(f"unknown corpus format {fmt!r}; one of {CORPUS_FORMATS}")
+
+
+def train_hf_tokenizer(tmp_path, texts, vocab_size: int = 400,
+                       special_tokens=("<pad>", "</s>")) -> Path:
+    """A byte-level BPE Hugging Face tokenizer trained on `texts` with the `tokenizers`
+    library; the special tokens come first (<pad> = 0, </s> = 1). Returns the path of its
+    tokenizer.json (in tmp_path/hf_tokenizer/)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(list(texts), trainer)
+    out = Path(tmp_path) / "hf_tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out / "tokenizer.json"

@@ -30,7 +30,7 @@ def run_steps(trainer, steps: int):
     data = trainer.make_train_input()
     losses = []
     for _ in range(steps):
-        with trainer.mesh:
+        with jax.set_mesh(trainer.mesh):
             state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
         losses.append(float(metrics["loss"]))
     return losses, state

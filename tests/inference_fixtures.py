@@ -66,7 +66,7 @@ def praxis_logits(trainer, params, sequences: list[list[int]]) -> list[np.ndarra
         batch = {"ids": ids, "labels": ids, "weights": real, "paddings": 1 - real,
                  "segment_ids": real.astype(np.int32),
                  "segment_pos": (np.arange(seq_len)[None] * real).astype(np.int32)}
-        with trainer.mesh:
+        with jax.set_mesh(trainer.mesh):
             logits = _forward(trainer)(params, trainer.to_device(batch))
         logits = np.asarray(jax.device_get(logits))
         out += [logits[i, :len(seq)] for i, seq in enumerate(chunk)]

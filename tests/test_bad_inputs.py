@@ -124,11 +124,10 @@ def test_broken_latest_checkpoint_is_named_then_skipped_on_request(tmp_path, tra
     ckpt = checkpoints.job_checkpoint_dir(str(job_dir))
     with pytest.raises(UserError, match=r"checkpoint step 8 in .* is damaged .*; "
                                         r"--skip_broken_checkpoints sets it aside") as info:
-        job.run(_exp(MAX_STEPS=10), mode="train", job_log_dir=str(job_dir))
+        job.run(_exp(MAX_STEPS=10), job.RunOptions(mode="train", job_log_dir=str(job_dir)))
     assert "\n" not in str(info.value)
     assert checkpoints.all_steps(ckpt) == [4, 8]  # nothing touched without the flag
-    job.run(_exp(MAX_STEPS=10), mode="train", job_log_dir=str(job_dir),
-            skip_broken_checkpoints=True)
+    job.run(_exp(MAX_STEPS=10), job.RunOptions(mode="train", job_log_dir=str(job_dir), skip_broken_checkpoints=True))
     assert checkpoints.all_steps(ckpt) == [4, 8, 10]  # 8 trained again from 4
     (aside,) = os.listdir(ckpt + "-broken")
     assert aside.startswith("8-")
@@ -137,7 +136,7 @@ def test_broken_latest_checkpoint_is_named_then_skipped_on_request(tmp_path, tra
 def test_restore_step_that_does_not_exist_lists_the_steps(trained):
     with pytest.raises(UserError, match=r"--restore_checkpoint_step=99: .* has no such "
                                         r"checkpoint; it has steps \[4, 8\]"):
-        job.run(_exp(), mode="train", job_log_dir=str(trained), restore_checkpoint_step=99)
+        job.run(_exp(), job.RunOptions(mode="train", job_log_dir=str(trained), restore_checkpoint_step=99))
 
 
 def _exp(**overrides):
@@ -150,9 +149,11 @@ def _exp(**overrides):
     (["--fdl.DATASET='pile'"], "DATASET='pile' needs --data_dir"),
     (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/no/such.model"],
      "/no/such.model does not exist"),
-    (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/tmp"], "vocabulary /tmp is a directory"),
+    (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/tmp"],
+     "tokenizer directory /tmp holds no tokenizer.json"),
     (["--fdl.DATASET='pile'", "--data_dir=/tmp", f"--vocab_path={__file__}"],
-     "is not a readable SentencePiece model"),
+     "is not a SentencePiece .model file or a Hugging Face tokenizer.json"),
+    (["--fdl.DATASET='sampel'"], "DATASET='sampel' is not a registered dataset"),
     (["--fdl.learning_rate=0.1"], "did you mean LEARNING_RATE?"),
     (["--fdl.loop.max_step=3"], "LoopSpec) has no field max_step (did you mean max_steps"),
 ])

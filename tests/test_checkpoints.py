@@ -20,7 +20,8 @@ from runner.core.errors import UserError
 from runner.launch import job
 from runner.state import checkpoints
 from runner.training import preemption
-from runner.training.trainer import NonFiniteLossError, Trainer
+from runner.training.callbacks import NonFiniteLossError
+from runner.training.trainer import Trainer
 from tests.helpers import TINY, make_trainer
 
 JOB = dict(TINY, ICI_MESH_SHAPE=[1, 8, 1], SUMMARY_INTERVAL_STEPS=1, MAX_STEPS=8,
@@ -33,8 +34,9 @@ pytestmark = pytest.mark.usefixtures("compilation_cache")
 def run_job(job_dir, mode="train", experiment=experiments.BaseExperiment, restore_dir=None,
             restore_step=None, **overrides):
     exp = experiment(**{**JOB, **overrides})
-    return job.run(exp, mode=mode, job_log_dir=str(job_dir), restore_checkpoint_dir=restore_dir,
-                   restore_checkpoint_step=restore_step)
+    return job.run(exp, job.RunOptions(mode=mode, job_log_dir=str(job_dir),
+                                       restore_checkpoint_dir=restore_dir,
+                                       restore_checkpoint_step=restore_step))
 
 
 def ckpt_dir(job_dir) -> str:
@@ -107,10 +109,12 @@ def trainer(tmp_path_factory):
 
 
 class RecordingWriter:
+    """Stands for the loop's `publish` (RunInfo.publish): records what a callback publishes."""
+
     def __init__(self):
         self.scalars_written = []
 
-    def scalars(self, step, values):
+    def __call__(self, split, step, values):
         self.scalars_written.append((step, values))
 
 
@@ -120,7 +124,8 @@ def test_round_trip_state_input_position_and_metadata(tmp_path, trainer, capsys)
     metadata = checkpoints.run_metadata("tests.Tiny", {**TINY, "MAX_STEPS": 5},
                                         trainer.abstract_state["params"])
     with checkpoints.Checkpointer(tmp_path / "ckpt", metadata=metadata, every_n_steps=0,
-                                  max_to_keep=2, writer=writer) as ckpt:
+                                  max_to_keep=2) as ckpt:
+        ckpt.publish = writer
         ckpt.save(3, state, {"batch_index": 7, "seed": 1}, final=True)
     step = 3
     restored = checkpoints.restore(str(tmp_path / "ckpt"), None, trainer.abstract_state)

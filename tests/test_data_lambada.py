@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.errors import DataError
+from runner.core.errors import UserError
 from tasks.lambada import (
     LambadaExample,
     lambada_batches,
@@ -51,15 +51,15 @@ def test_read_splits_last_word_with_its_space(tmp_path):
 )
 def test_bad_lines_are_errors_with_file_and_line(tmp_path, line, message):
     path = _write(tmp_path, [{"text": "fine passage here"}, line])
-    with pytest.raises(DataError, match=message):
+    with pytest.raises(UserError, match=message):
         read_lambada(path)
 
 
 def test_empty_or_missing_file(tmp_path):
-    with pytest.raises(DataError, match="has no examples"):
+    with pytest.raises(UserError, match="has no examples"):
         read_lambada(_write(tmp_path, [""]))
     with pytest.raises(
-        DataError,
+        UserError,
         match=r"does not exist; download it with `python scripts_gpu/download_lambada\.py`",
     ):
         read_lambada(tmp_path / "missing.jsonl")
@@ -102,7 +102,7 @@ def test_long_context_truncated_from_the_left(vocab):
         tokens[:-num_target].tolist()
         == ([vocab.eos_id] + vocab.encode(ex.context))[-(17 - num_target) :]
     )
-    with pytest.raises(DataError, match="does not fit MAX_SEQ_LEN=2"):
+    with pytest.raises(UserError, match="does not fit MAX_SEQ_LEN=2"):
         tokenize_example(LambadaExample("x", " extraordinarily", 7), vocab, seq_len=2)
 
 

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
+from runner.core.errors import UserError
 from tasks import layout
-from tasks.errors import DataError
 from tasks.input_pipeline import FeistelPermutation, PileEvalInput, PileTrainInput
 from tasks.packing import BATCH_KEYS
 from tasks.pile import iter_documents
@@ -79,7 +79,7 @@ def test_interrupted_prepare_leaves_no_half_shard(tmp_path, vocab):
     good = fx.write_pile(tmp_path / "train" / "00.jsonl.zst", fx.make_docs(30))
     bad = fx.write_pile(tmp_path / "train" / "01.jsonl.zst", fx.make_docs(3000, seed=9))
     bad.write_bytes(bad.read_bytes()[:-100])  # truncated: fails after some documents
-    with pytest.raises(DataError, match=r"01\.jsonl\.zst is truncated"):
+    with pytest.raises(UserError, match=r"01\.jsonl\.zst is truncated"):
         prepare([good, bad], vocab, cache_root=tmp_path / "cache", workers=1, progress=False)
     (out_dir,) = (tmp_path / "cache").iterdir()
     names = sorted(p.name for p in out_dir.iterdir())
@@ -153,10 +153,10 @@ def test_resume_gives_exactly_the_next_batch(data_dir, vocab):
 
 def test_resume_with_other_settings_is_an_error(data_dir, vocab):
     state = _train(data_dir, vocab, seed=3).get_state()
-    with pytest.raises(DataError, match="input state has seed=3 but this run has seed=4"):
+    with pytest.raises(UserError, match="input state has seed=3 but this run has seed=4"):
         _train(data_dir, vocab, seed=4).set_state(state)
     other = PileTrainInput(layout.pile_train_files(data_dir), vocab, SEQ_LEN * 2, G, (0, G), 3)
-    with pytest.raises(DataError, match="seq_len=32 but this run has seq_len=64"):
+    with pytest.raises(UserError, match="seq_len=32 but this run has seq_len=64"):
         other.set_state(state)
 
 
@@ -171,7 +171,7 @@ def test_epochs_wrap_with_a_new_order(data_dir, vocab):
 
 def test_too_little_data_for_one_batch(tmp_path, vocab):
     f = fx.write_pile(tmp_path / "train" / "00.jsonl.zst", ["just a few words"])
-    with pytest.raises(DataError, match=r"fewer than one global batch of 8; add data or lower"):
+    with pytest.raises(UserError, match=r"fewer than one global batch of 8; add data or lower"):
         PileTrainInput([f], vocab, SEQ_LEN, G, (0, G), 0)
 
 

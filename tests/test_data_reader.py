@@ -7,8 +7,8 @@ import pickle
 import pytest
 import zstandard
 
+from runner.core.errors import UserError
 from tasks import layout
-from tasks.errors import DataError
 from tasks.pile import ReadStats, iter_documents
 from tasks.vocab import check_vocab_size, load_vocabulary
 from tests import data_fixtures as fx
@@ -61,7 +61,7 @@ def test_corrupt_zst_names_file_and_docs_read(tmp_path):
     data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
     path.write_bytes(bytes(data))
     with pytest.raises(
-        DataError, match=r"big\.jsonl\.zst is corrupt .* after \d+ documents; delete it"
+        UserError, match=r"big\.jsonl\.zst is corrupt .* after \d+ documents; delete it"
     ):
         list(iter_documents(path))
 
@@ -69,14 +69,14 @@ def test_corrupt_zst_names_file_and_docs_read(tmp_path):
 def test_truncated_zst(tmp_path):
     path = _big_zst(tmp_path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(DataError, match=r"big\.jsonl\.zst is truncated .* after \d+ documents"):
+    with pytest.raises(UserError, match=r"big\.jsonl\.zst is truncated .* after \d+ documents"):
         list(iter_documents(path))
 
 
 def test_not_zstd_at_all(tmp_path):
     path = tmp_path / "x.jsonl.zst"
     path.write_bytes(b'{"text": "plain json, wrong extension"}\n')
-    with pytest.raises(DataError, match=r"x\.jsonl\.zst is corrupt"):
+    with pytest.raises(UserError, match=r"x\.jsonl\.zst is corrupt"):
         list(iter_documents(path))
 
 
@@ -119,15 +119,15 @@ def test_bad_lines_are_skipped_counted_and_logged(tmp_path, caplog):
 def test_empty_split_is_an_error(tmp_path):
     empty = tmp_path / "val.jsonl.zst"
     empty.write_bytes(zstandard.ZstdCompressor().compress(b""))
-    with pytest.raises(DataError, match=r"val\.jsonl\.zst contains no documents"):
+    with pytest.raises(UserError, match=r"val\.jsonl\.zst contains no documents"):
         list(iter_documents(empty))
     only_bad = fx.write_lines(tmp_path / "val2.jsonl", [{"text": ""}, b"oops"])
-    with pytest.raises(DataError, match=r"val2\.jsonl contains no documents .*skipped 2"):
+    with pytest.raises(UserError, match=r"val2\.jsonl contains no documents .*skipped 2"):
         list(iter_documents(only_bad))
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(DataError, match="nope.jsonl.zst does not exist"):
+    with pytest.raises(UserError, match="nope.jsonl.zst does not exist"):
         list(iter_documents(tmp_path / "nope.jsonl.zst"))
 
 
@@ -144,18 +144,18 @@ def test_layout_finds_files_sorted(tmp_path):
 
 def test_layout_errors_name_path_and_download_command(tmp_path):
     with pytest.raises(
-        DataError,
+        UserError,
         match=r"pile/train does not exist \(nor paxml's TFDS build, .*the_pile/lm/1.0.0\); "
               r"download The Pile with `python scripts_gpu/download_the_pile.py --data_dir",
     ):
         layout.pile_train_files(tmp_path)
     (tmp_path / "pile" / "train").mkdir(parents=True)
-    with pytest.raises(DataError, match=r"has no \*\.jsonl\.zst or \*\.jsonl files"):
+    with pytest.raises(UserError, match=r"has no \*\.jsonl\.zst or \*\.jsonl files"):
         layout.pile_train_files(tmp_path)
-    with pytest.raises(DataError, match=r"pile/val\.jsonl\.zst does not exist; .*--splits val"):
+    with pytest.raises(UserError, match=r"pile/val\.jsonl\.zst does not exist; .*--splits val"):
         layout.pile_val_files(tmp_path)
     with pytest.raises(
-        DataError, match=r"lambada_test\.jsonl does not exist; .*download_lambada\.py"
+        UserError, match=r"lambada_test\.jsonl does not exist; .*download_lambada\.py"
     ):
         layout.lambada_files(tmp_path)
 
@@ -173,14 +173,14 @@ def test_vocabulary_roundtrip_and_ids(vocab):
 
 def test_missing_or_bad_vocabulary(tmp_path):
     with pytest.raises(
-        DataError, match=r"vocabulary .*nope\.model does not exist; set VOCAB_PATH / --vocab_path"
+        UserError, match=r"vocabulary .*nope\.model does not exist; set VOCAB_PATH / --vocab_path"
     ):
         load_vocabulary(tmp_path / "nope.model")
-    with pytest.raises(DataError, match="no vocabulary given; set VOCAB_PATH"):
+    with pytest.raises(UserError, match="no vocabulary given; set VOCAB_PATH"):
         load_vocabulary(None)
     bad = tmp_path / "bad.model"
     bad.write_bytes(b"this is not a sentencepiece model")
-    with pytest.raises(DataError, match=r"bad\.model is not a readable SentencePiece model"):
+    with pytest.raises(UserError, match=r"bad\.model is not a readable SentencePiece model"):
         load_vocabulary(bad)
 
 
@@ -188,7 +188,7 @@ def test_check_vocab_size(vocab):
     check_vocab_size(vocab, 320)
     check_vocab_size(vocab, 50304)  # larger embeddings are fine
     with pytest.raises(
-        DataError,
+        UserError,
         match=r"VOCAB_SIZE=256 but .*tiny\.model has 320 pieces; set --fdl\.VOCAB_SIZE=384",
     ):
         check_vocab_size(vocab, 256)

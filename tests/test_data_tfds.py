@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from runner.core.errors import UserError
 from tasks import layout, tfds
-from tasks.errors import DataError
 from tasks.lambada import read_lambada
 from tasks.pile import iter_documents
 from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_tfds_data, write_lines
@@ -43,12 +43,12 @@ def test_corrupt_shard_and_missing_tensorflow_are_one_line_errors(tfds_data, tmp
     good = layout.pile_train_files(data_dir)[0].read_bytes()
     bad = tmp_path / "the_pile-train.tfrecord-00000-of-00001"
     bad.write_bytes(good[: len(good) // 2])  # truncated mid-record
-    with pytest.raises(DataError, match=r"the_pile-train.tfrecord-00000-of-00001 is corrupt "
+    with pytest.raises(UserError, match=r"the_pile-train.tfrecord-00000-of-00001 is corrupt "
                                         r"after \d+ records") as info:
         list(iter_documents(bad))
     assert "\n" not in str(info.value)
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on a machine without it
-    with pytest.raises(DataError, match=r"needs TensorFlow: pip install '.\[tfds\]'"):
+    with pytest.raises(UserError, match=r"needs TensorFlow: pip install '.\[tfds\]'"):
         list(iter_documents(layout.pile_train_files(data_dir)[0]))
 
 

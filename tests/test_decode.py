@@ -19,6 +19,7 @@ from runner.core.errors import UserError
 from runner.inference import decode
 from runner.inference import model as inference
 from runner.inference.generate import SamplingOptions
+from runner.launch import decode as launch_decode
 from tests.data_fixtures import REPO_ROOT
 from tests.helpers import TINY, make_trainer, run_steps
 from tests.inference_fixtures import greedy_reference, praxis_logits, save_job, save_state
@@ -59,12 +60,14 @@ def jobs(tmp_path_factory):
 def gpt(jobs):
     """(the GPT's InferenceModel, its trainer and checkpoint parameters)."""
     exp, job_dir, params, trainer = jobs("gpt")
-    model = inference.load(exp, exp.run_config(), job_dir, what="test")
+    model = inference.load(exp.run_config(), job_dir, what="test")
     return model, trainer, params
 
 
 def run_decode(exp, job_dir, prompts, **kwargs):
-    return decode.run(exp, exp.run_config(), job_log_dir=job_dir, prompts=prompts, **kwargs)
+    """--mode=decode as main.py runs it: the launcher, with the experiment's graph."""
+    options = decode.DecodeOptions(job_log_dir=job_dir, prompts=prompts, **kwargs)
+    return launch_decode.run(exp, exp.run_config(), options)
 
 
 PROMPTS = ["5 6 7", "100 3 400 17 9 23 250 11", "42"]
@@ -163,8 +166,7 @@ def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
     assert np.mean(losses[-10:]) < 0.2, losses[::25]
     exp = experiments.BaseExperiment(**{**TINY, **settings})
     save_state(tmp_path, exp, trainer, state)
-    model = inference.load(exp, exp.run_config(), str(tmp_path), what="test",
-                           devices=one_device)
+    model = inference.load(exp.run_config(), str(tmp_path), what="test", devices=one_device)
     records = decode.continue_prompts(model, ["5 6 7 8", "10 13 16", "40 45 50 55"],
                                       max_decode_steps=6, options=SamplingOptions())
     assert [r["continuation"] for r in records] == [

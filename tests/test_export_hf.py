@@ -1,13 +1,15 @@
 """tools/export_hf.py with the real client: transformers loads the export of each family
-and computes praxis's logits; its tokenizer encodes as training did; what a target cannot
-express is refused."""
+and computes praxis's logits; its tokenizer (a converted SentencePiece model, or the run's
+own tokenizer.json) encodes as training did; what a target cannot express is refused."""
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import tokenizers
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,8 +18,10 @@ from experiments.llama import LlamaBase
 from runner.core.errors import UserError
 from runner.launch import job
 from tasks import datasets
+from tasks.text import TextFiles
+from tasks.tokenizer import HFTokenizer, load_tokenizer
 from tasks.vocab import load_vocabulary
-from tests.data_fixtures import REPO_ROOT
+from tests.data_fixtures import REPO_ROOT, write_corpus
 from tests.helpers import TINY
 from tests.inference_fixtures import praxis_logits, save_job
 from tools import export_hf
@@ -59,6 +63,57 @@ def test_transformers_loads_the_export_and_computes_the_same_logits(
         with torch.no_grad():
             got = model(torch.tensor([ids])).logits[0].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class JsonTokenizerExperiment(experiments.BaseExperiment):
+    """A GPT trained on text files with the tokenizer.json TOKENIZER_JSON (what export reads
+    from the run graph's tokenizer node)."""
+
+    TOKENIZER_JSON: str = ""
+    TRAIN_FILES: str = ""
+
+    def dataset(self):
+        return TextFiles(train=self.TRAIN_FILES, tokenizer_path=self.TOKENIZER_JSON)
+
+
+def byte_level_bpe(path: Path) -> Path:
+    """A small GPT-2-style tokenizer.json (byte-level BPE, <|endoftext|> its one special
+    token), with a post-processor that adds nothing (export must put EOS first)."""
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(TEXTS * 20, trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_run_with_a_tokenizer_json_exports_that_tokenizer(tmp_path):
+    path = byte_level_bpe(tmp_path / "tokenizer.json")
+    train = write_corpus(tmp_path / "data", "jsonl", TEXTS * 20)
+    exp = JsonTokenizerExperiment(**{**TINY, "TOKENIZER_JSON": str(path), "TRAIN_FILES": str(train)})
+    params, trainer = save_job(tmp_path / "run", exp)
+    out = export_hf.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                       "tokenizer_config.json"]
+
+    ours = load_tokenizer(path)
+    assert isinstance(ours, HFTokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    sequences = [tokenizer(text)["input_ids"] for text in TEXTS]
+    assert sequences == [[ours.eos_id] + ours.encode(text) for text in TEXTS]
+    assert tokenizer.decode(sequences[0], skip_special_tokens=True) == TEXTS[0]
+    assert tokenizer.eos_token == tokenizer.bos_token == "<|endoftext|>"
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (ours.eos_id,) * 2
+    (want,) = praxis_logits(trainer, params, sequences[:1])
+    with torch.no_grad():
+        got = model(torch.tensor(sequences[:1])).logits[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_what_gpt2_cannot_express_is_refused(tmp_path):

@@ -63,20 +63,20 @@ def test_llama_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     settings = dict(NUM_LAYERS=2, MAX_SEQ_LEN=64, PERCORE_BATCH_SIZE=1, SUMMARY_INTERVAL_STEPS=1,
                     CHECKPOINT_EVERY_N_STEPS=3, EVAL_INTERVAL_STEPS=6, LAMBADA_MAX_EXAMPLES=16,
                     EVAL_BATCHES=2)
-    job.run(tiny(**settings, MAX_STEPS=3), mode="train", job_log_dir=str(tmp_path))
-    job.run(tiny(**settings, MAX_STEPS=6), mode="train", job_log_dir=str(tmp_path))
+    job.run(tiny(**settings, MAX_STEPS=3), job.RunOptions(mode="train", job_log_dir=str(tmp_path)))
+    job.run(tiny(**settings, MAX_STEPS=6), job.RunOptions(mode="train", job_log_dir=str(tmp_path)))
     out = capsys.readouterr().out
     assert re.search(r"restored step 3 from .*/checkpoints/3", out)
     assert "step      6 | eval pile_val | loss" in out
     assert "step      6 | eval lambada | accuracy" in out
 
     uninterrupted = tmp_path / "whole"
-    job.run(tiny(**settings, MAX_STEPS=6), mode="train", job_log_dir=str(uninterrupted))
+    job.run(tiny(**settings, MAX_STEPS=6), job.RunOptions(mode="train", job_log_dir=str(uninterrupted)))
     resumed_losses = re.findall(r"^step +[456] \| loss ([\d.]+)", out, re.M)
     whole_losses = re.findall(r"^step +[456] \| loss ([\d.]+)", capsys.readouterr().out, re.M)
     assert resumed_losses == whole_losses and len(whole_losses) == 3
 
-    results = job.run(tiny(**settings, MAX_STEPS=6), mode="eval", job_log_dir=str(tmp_path))
+    results = job.run(tiny(**settings, MAX_STEPS=6), job.RunOptions(mode="eval", job_log_dir=str(tmp_path)))
     assert set(results) == {"pile_val", "lambada"}
     assert (tmp_path / "lambada_predictions.jsonl").exists()
 

@@ -113,7 +113,7 @@ def test_gpt_matches_an_independent_reference_from_a_trained_checkpoint(tmp_path
 
     batch = _packed_batch(trainer.global_batch_size, TINY["MAX_SEQ_LEN"], TINY["VOCAB_SIZE"])
     evaluation = TokenLogprobs(name="token_logprobs", make_input=None)
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         ours = jax.device_get(trainer.eval_step(evaluation)(params, trainer.to_device(batch)))
     expected = reference_gpt_logprobs(saved["params"], batch, num_layers=TINY["NUM_LAYERS"])
     # Trained: norm scales and biases have left their initial zeros, so the comparison
@@ -225,7 +225,7 @@ def test_a_template_swapped_after_sharding_is_reported_replicated(tmp_path, caps
     layer = transformer_layer_template(sharded.lm_tpl.stacked_transformer_tpl)
     layer.tr_atten_tpl = pax_fiddle.Config(MyAttention, combine_qkv=True)  # too late
     trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 2, 4])
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         from runner.state.train_state import param_partition_specs
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in trainer.batch_shapes.items()}

@@ -65,7 +65,7 @@ def test_planned_program_is_the_one_that_runs_and_its_peak_matches(measured_plan
     trainer = make_trainer(tmp_path, **MEASURED)
     state = trainer.init_state()
     batch = trainer.to_device(trainer.make_train_input().next_batch())
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         ran = trainer.train_step.lower(state, batch).compile()
     before = _resident_after_reset()
     _, metrics = ran(state, batch)

@@ -46,3 +46,40 @@ def test_tree_flatten_alias_serves_py_utils_update_matched_variables():
     out = py_utils.update_matched_variables(old, new, "encoder.*")
     np.testing.assert_array_equal(out.encoder.w, np.ones(2))
     np.testing.assert_array_equal(out.head, np.zeros(3))
+
+
+def _sharding_constraints(trainer, context) -> int:
+    """Activation sharding constraints in the train step lowered under `context`."""
+    example = {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=trainer.data_sharding)
+               for k, s in trainer.batch_shapes.items()}
+    with context:
+        text = trainer.train_step.lower(trainer.abstract_state, example).as_text()
+    return text.count("sharding_constraint")
+
+
+def test_praxis_sees_the_mesh_of_jax_set_mesh(tmp_path, monkeypatch):
+    """praxis looks for the mesh in jax's legacy resource environment, which only the
+    deprecated Mesh context manager fills; the patch makes its activation annotations see the mesh
+    of `jax.set_mesh` instead: as many as praxis itself finds under the old context, where
+    unpatched praxis under jax.set_mesh finds none (the check fails without the patch)."""
+    import warnings
+
+    from praxis import py_utils
+
+    from tests.helpers import make_trainer
+
+    def trainer():  # a fresh one each time: jit caches a trace per context
+        return make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 4, 2])
+
+    patched = _sharding_constraints(trainer(), jax.set_mesh(trainer().mesh))
+
+    def praxis_own_check():  # py_utils.global_mesh_defined before the patch
+        return py_utils.pxla.thread_resources.env.physical_mesh.devices.shape != ()
+
+    monkeypatch.setattr(py_utils, "global_mesh_defined", praxis_own_check)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        legacy_trainer = trainer()
+        legacy = _sharding_constraints(legacy_trainer, legacy_trainer.mesh)  # the old context
+        unpatched = _sharding_constraints(trainer(), jax.set_mesh(legacy_trainer.mesh))
+    assert patched > 0 and patched == legacy and unpatched == 0

@@ -192,7 +192,7 @@ def test_sharded_training_with_chunks_follows_praxis(family, tmp_path):
 def _first_step_metrics(trainer):
     state = trainer.init_state()
     batch = trainer.to_device(trainer.make_train_input().next_batch())
-    with trainer.mesh:
+    with jax.set_mesh(trainer.mesh):
         _, metrics = trainer.train_step(state, batch)
     return {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}
 

@@ -11,6 +11,7 @@ from praxis import pax_fiddle
 
 import experiments
 from runner.cluster import mesh as mesh_lib
+from runner.training.callbacks import CallbackList, TensorBoard
 from runner.training.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
 from tests.data_fixtures import JAX_ENV, REPO_ROOT, write_lines, write_pile
@@ -57,7 +58,8 @@ def test_lambada_accuracy_rises_above_chance(tmp_path, learnable_data):
     state = trainer.init_state()
     before = trainer.evaluate(state["params"], 0)
     state = trainer.train(state)
-    after = trainer.evaluate(state["params"], 120, predictions_dir=str(tmp_path))
+    after = trainer.evaluate(state["params"], 120, predictions_dir=str(tmp_path),
+                             callbacks=CallbackList([TensorBoard(str(tmp_path))]))
     assert before["lambada"]["accuracy"] < 0.1
     assert after["lambada"]["accuracy"] >= 0.5, after
     assert after["pile_val"]["loss"] < 0.5 * before["pile_val"]["loss"]
@@ -68,7 +70,7 @@ def test_lambada_accuracy_rises_above_chance(tmp_path, learnable_data):
     # The metric counts an example correct exactly when the whole target is predicted.
     correct = [json.loads(line)["correct"] for line in lines]
     assert sum(correct) / len(correct) == pytest.approx(after["lambada"]["accuracy"])
-    # TensorBoard events for both evaluation sets.
+    # TensorBoard events for both evaluation sets (the TensorBoard callback's).
     assert list((tmp_path / "tb" / "eval").glob("events.out.tfevents.*"))
 
 

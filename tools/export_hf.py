@@ -6,8 +6,9 @@ The GPT family (layers/gpt.py) becomes a `GPT2LMHeadModel`, the Llama family
 (layers/llama.py) a `LlamaForCausalLM`; the target follows from the model itself
 (learned positions and LayerNorm, or rotary positions and RMSNorm). The directory holds
 config.json, model.safetensors (float32, as trained) and, for a model trained on text,
-its SentencePiece vocabulary as tokenizer files that encode exactly as training did
-(tools/hf_tokenizer.py). Load it with:
+the run's own tokenizer (its graph's `tokenizer` node, the object training encoded with) as
+tokenizer files that encode exactly as training did (tools/hf_tokenizer.py): a
+SentencePiece model converted, a Hugging Face tokenizer.json copied. Load it with:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained("hf/tiny")
@@ -40,7 +41,7 @@ import experiments
 from layers.architecture import Architecture, canonical_weights
 from runner.core.errors import UserError
 from runner.inference import model as inference
-from tasks.errors import DataError
+from tasks.vocab import Vocabulary
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("job_log_dir", None, "The training run's directory (hyperparameters.json, "
@@ -58,21 +59,23 @@ def export(job_log_dir: str, output: str, step: int | None = None,
            vocab_path: str | None = None) -> Path:
     """Write the Hugging Face directory `output` from job_log_dir's checkpoint; return it."""
     exp = _experiment(job_log_dir)
-    config = exp.run_config(vocab_path=vocab_path)
-    arch = inference.describe(exp, config, "export")
+    config = exp.run_config(vocab_path=vocab_path)  # the experiment stops here
+    arch = inference.describe(config, "export")
     target = "GPT2LMHeadModel" if arch.positions == "learned" else "LlamaForCausalLM"
     _check_representable(arch, target)  # before the (slow) read of the weights
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--output={output} exists and is not an empty directory; choose "
                         f"another or remove it")
-    model = inference.load(exp, config, job_log_dir, what="export",
+    model = inference.load(config, job_log_dir, what="export",
                            restore_checkpoint_step=step, vocab_path=vocab_path,
                            devices=[_host_device()])
     weights = canonical_weights(jax.device_get(model.params), arch)
-    vocab = model.vocab
-    special = {} if vocab is None else {"bos_token_id": vocab.eos_id, "eos_token_id": vocab.eos_id,
-                                        "pad_token_id": vocab.pad_id}
+    tokenizer = model.tokenizer
+    special = {} if tokenizer is None else {"bos_token_id": tokenizer.eos_id,
+                                            "eos_token_id": tokenizer.eos_id}
+    if getattr(tokenizer, "pad_id", None) is not None:
+        special["pad_token_id"] = tokenizer.pad_id
     if target == "GPT2LMHeadModel":
         hf_config, tensors = _gpt2_config(arch), _gpt2_tensors(arch, weights)
     else:
@@ -87,14 +90,25 @@ def export(job_log_dir: str, output: str, step: int | None = None,
     os.umask(umask)  # safetensors makes the file private (0600); shareable like the others
     os.chmod(out / "model.safetensors", 0o666 & ~umask)
     files = ["config.json", "model.safetensors"]
-    if vocab is not None:
-        from tools import hf_tokenizer
-
-        files += hf_tokenizer.write(vocab.path, out, model.max_seq_len)
+    if tokenizer is not None:
+        files += _write_tokenizer(tokenizer, out, model.max_seq_len)
     count = sum(int(np.prod(v.shape)) for v in tensors.values())
     print(f"wrote {target} ({count:,} parameters, step {model.step} of {model.checkpoint}) "
           f"to {out}: {', '.join(files)}")
     return out
+
+
+def _write_tokenizer(tokenizer, out: Path, max_seq_len: int) -> list[str]:
+    """The run's tokenizer as Hugging Face tokenizer files in `out`; their names. A
+    SentencePiece model (tasks/vocab.py) is converted; any other tokenizer is a Hugging Face
+    one, whose tokenizer.json (`.path`) is copied."""
+    from tools import hf_tokenizer
+
+    if isinstance(tokenizer, Vocabulary):
+        return hf_tokenizer.write(tokenizer.path, out, max_seq_len)
+    return hf_tokenizer.copy(tokenizer.path, out, eos_id=tokenizer.eos_id,
+                             model_max_length=max_seq_len,
+                             pad_id=getattr(tokenizer, "pad_id", None))
 
 
 def _host_device():
@@ -286,6 +300,6 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     try:
         main(sys.argv)
-    except (UserError, DataError) as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

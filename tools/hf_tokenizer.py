@@ -14,6 +14,9 @@ package; tests/test_export_hf.py checks ids and text against SentencePiece on re
 Every encoding starts with EOS, as every training document does (it plays BOS,
 tasks/packing.py). One difference remains, as in every Hugging Face tokenizer: text that
 spells a special piece ("</s>") becomes that piece, where SentencePiece spells it out.
+
+A run trained with a Hugging Face tokenizer.json needs no conversion: `copy` writes that
+file itself, with only its post-processor replaced by the same EOS-first template.
 """
 
 import base64
@@ -53,6 +56,73 @@ def write(model_file: Path, directory: Path, model_max_length: int) -> list[str]
         config["pad_token"] = pieces[proto.trainer_spec.pad_id]
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
+
+
+def copy(tokenizer_file: Path, directory: Path, *, eos_id: int, model_max_length: int,
+         pad_id: int | None = None) -> list[str]:
+    """Write the run's own Hugging Face tokenizer.json into `directory` (its post-processor
+    replaced: encodings start with EOS, as training documents do) and tokenizer_config.json
+    naming its special tokens; return their names."""
+    path = Path(tokenizer_file)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        model = data["model"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"tokenizer {path} is not a readable Hugging Face tokenizer.json "
+                        f"({type(error).__name__}: {error})") from None
+    eos = _token(data, eos_id)
+    if eos is None:
+        raise UserError(f"tokenizer {path} has no token with the EOS id {eos_id}")
+    processor = _eos_first(eos, eos_id)
+    original = data.get("post_processor")
+    if isinstance(original, dict) and original.get("type") == "ByteLevel":
+        # It only adjusts offsets (ids are the model's): keep it, before the template.
+        processor = {"type": "Sequence", "processors": [original, processor]}
+    data["post_processor"] = processor
+    (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False),
+                                              encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": eos,  # training puts EOS before every document
+        "eos_token": eos,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+    }
+    unk = model.get("unk_token") if isinstance(model, dict) else None
+    if isinstance(unk, str):
+        config["unk_token"] = unk
+    pad = None if pad_id is None else _token(data, pad_id)
+    if pad is not None:
+        config["pad_token"] = pad
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return ["tokenizer.json", "tokenizer_config.json"]
+
+
+def _token(data: dict, token_id: int) -> str | None:
+    """The text of token `token_id` in tokenizer.json `data`: an added token's, or the
+    model's vocabulary entry (a {token: id} map, or Unigram's [[token, score], ...])."""
+    for added in data.get("added_tokens") or []:
+        if added.get("id") == token_id:
+            return added.get("content")
+    vocab = data["model"].get("vocab")
+    if isinstance(vocab, dict):
+        return next((token for token, i in vocab.items() if i == token_id), None)
+    if isinstance(vocab, list) and 0 <= token_id < len(vocab):
+        return vocab[token_id][0]
+    return None
+
+
+def _eos_first(eos: str, eos_id: int) -> dict:
+    """The post-processor putting EOS first, as in training; a pair is two documents of
+    the packed stream."""
+    bos = {"SpecialToken": {"id": eos, "type_id": 0}}
+    return {
+        "type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos,
+                 {"Sequence": {"id": "B", "type_id": 0}}],
+        "special_tokens": {eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}},
+    }
 
 
 def _check(proto, model_file) -> None:
@@ -97,7 +167,6 @@ def _tokenizer_json(proto, eos: str) -> dict:
     if proto.normalizer_spec.remove_extra_whitespaces:
         normalizers += [{"type": "Strip", "strip_left": True, "strip_right": True},
                         {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]
-    bos = {"SpecialToken": {"id": eos, "type_id": 0}}
     return {
         "version": "1.0",
         "truncation": None,
@@ -106,15 +175,7 @@ def _tokenizer_json(proto, eos: str) -> dict:
         "normalizer": {"type": "Sequence", "normalizers": normalizers},
         "pre_tokenizer": {"type": "Metaspace", "replacement": _WHITESPACE,
                           "prepend_scheme": "always", "split": True},
-        # EOS first, as in training; a pair is two documents of the packed stream.
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos,
-                     {"Sequence": {"id": "B", "type_id": 0}}],
-            "special_tokens": {eos: {"id": eos, "ids": [proto.trainer_spec.eos_id],
-                                     "tokens": [eos]}},
-        },
+        "post_processor": _eos_first(eos, proto.trainer_spec.eos_id),
         "decoder": {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": _WHITESPACE}, "content": " "},
             {"type": "ByteFallback"},

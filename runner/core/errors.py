@@ -1,4 +1,7 @@
-"""The one exception type for mistakes a user can fix (a flag, a hyperparameter, a mesh)."""
+"""The one exception type for mistakes a user can fix: a flag, a hyperparameter, a mesh, a
+data file or tokenizer. Its message is one line that names the flag, attribute, file (and
+line, where there is one) and says how to fix it, so a user never needs the traceback;
+programming errors stay ordinary exceptions and keep theirs."""
 
 import difflib
 

@@ -39,12 +39,13 @@ class LoopSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """Sizes the runner needs for FLOPs accounting."""
+    """Sizes the runtime needs: FLOPs accounting, batch shapes, the tokenizer check."""
 
     num_layers: int
     num_heads: int
     dims_per_head: int
-    seq_len: int
+    seq_len: int  # MAX_SEQ_LEN
+    vocab_size: int  # VOCAB_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +95,6 @@ class RunSpec:
     # next_batch(), get_state(), set_state(); None for eval-only experiments.
     make_train_input: Callable[..., Any] | None = None
     evals: list[Evaluation] = dataclasses.field(default_factory=list)
+    # The text tokenizer (runner.core.data.Tokenizer) the data are encoded with, the same
+    # object decode and export use; None when the data are token ids (synthetic).
+    tokenizer: Any = None

@@ -6,8 +6,11 @@ plays BOS, tasks/packing.py), cut from the left to the model's context (MAX_SEQ_
 continued by runner/inference/generate.py in batches of --decode_batch_size. Continuations go to the
 console and, with token counts and speed, to job_log_dir/decode_outputs.jsonl.
 
-An experiment without a vocabulary (DATASET="synthetic") reads and writes token ids:
+A run without a tokenizer (DATASET="synthetic") reads and writes token ids:
 --prompt="5 7 9".
+
+This is the runtime: it sees the run's graph and a DecodeOptions, never the experiment
+(runner/launch/decode.py is the launcher).
 """
 
 import dataclasses
@@ -19,9 +22,9 @@ import jax
 import numpy as np
 
 from runner.core.errors import UserError
+from runner.core.log import log
 from runner.inference import model as inference
 from runner.inference.generate import STOPPED, SamplingOptions, make_generate
-from runner.training.summaries import log
 
 OUTPUTS_FILE = "decode_outputs.jsonl"
 # Prompt lengths are padded up to a multiple of this, so batches of similar prompts share
@@ -86,43 +89,57 @@ class TokenIds:
         return " ".join(str(i) for i in ids)
 
 
-class TextVocabulary:
-    """A SentencePiece vocabulary (tasks/vocab.py) as decode uses it."""
+class TextTokenizer:
+    """A text tokenizer (runner.core.data.Tokenizer: SentencePiece, tasks/vocab.py, or a
+    Hugging Face tokenizer.json) as decode uses it."""
 
-    def __init__(self, vocab):
-        self.vocab, self.eos_id = vocab, vocab.eos_id
+    def __init__(self, tokenizer):
+        self.tokenizer, self.eos_id = tokenizer, tokenizer.eos_id
 
     def encode(self, text: str) -> list[int]:
-        return [self.eos_id] + self.vocab.encode(text)  # as every training document starts
+        return [self.eos_id] + self.tokenizer.encode(text)  # as every training document starts
 
     def continuation(self, prompt_ids: list[int], ids: list[int]) -> str:
         # Decoded together with the prompt: SentencePiece drops a leading space from a
         # text's first piece, which would glue the continuation to the prompt. (The EOS
         # that starts a prompt decodes to nothing.)
-        prompt = self.vocab.decode(prompt_ids)
-        whole = self.vocab.decode(prompt_ids + ids)
-        return whole[len(prompt):] if whole.startswith(prompt) else self.vocab.decode(ids)
+        prompt = self.tokenizer.decode(prompt_ids)
+        whole = self.tokenizer.decode(prompt_ids + ids)
+        return whole[len(prompt):] if whole.startswith(prompt) else self.tokenizer.decode(ids)
 
 
-def run(exp, config, *, job_log_dir: str, prompts: list[str], prompts_file: str | None = None,
-        max_decode_steps: int = 64, options: SamplingOptions | None = None,
-        batch_size: int = 16, vocab_path: str | None = None,
-        restore_checkpoint_dir: str | None = None,
-        restore_checkpoint_step: int | None = None) -> list[dict]:
-    """Continue every prompt with experiment `exp`'s model (its run graph `config`); print
-    the continuations, write decode_outputs.jsonl, return its records."""
-    options = options or SamplingOptions()
-    _check_limits(max_decode_steps, batch_size)
-    texts = read_prompts(prompts, prompts_file)
-    model = inference.load(exp, config, job_log_dir, what="--mode=decode",
-                           restore_checkpoint_dir=restore_checkpoint_dir,
-                           restore_checkpoint_step=restore_checkpoint_step,
-                           vocab_path=vocab_path)
-    records = continue_prompts(model, texts, max_decode_steps=max_decode_steps,
-                               options=options, batch_size=batch_size)
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """What --mode=decode is asked to do, from the command line's flags."""
+
+    job_log_dir: str  # the run's directory: its checkpoints; decode_outputs.jsonl goes here
+    prompts: tuple[str, ...] = ()  # --prompt
+    prompts_file: str | None = None  # --prompts_file
+    max_decode_steps: int = 64  # --max_decode_steps
+    sampling: SamplingOptions = SamplingOptions()  # --temperature, --top_k, --top_p, --decode_seed
+    batch_size: int = 16  # --decode_batch_size
+    vocab_path: str | None = None  # --vocab_path: a tokenizer for a run without one
+    restore_checkpoint_dir: str | None = None  # --restore_checkpoint_dir
+    restore_checkpoint_step: int | None = None  # --restore_checkpoint_step
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompts", tuple(self.prompts))  # a list from the flags
+
+
+def run(config, options: DecodeOptions) -> list[dict]:
+    """Continue every prompt with the model of the run graph `config` (a RunSpec's
+    fdl.Config); print the continuations, write decode_outputs.jsonl, return its records."""
+    _check_limits(options.max_decode_steps, options.batch_size)
+    texts = read_prompts(list(options.prompts), options.prompts_file)
+    model = inference.load(config, options.job_log_dir, what="--mode=decode",
+                           restore_checkpoint_dir=options.restore_checkpoint_dir,
+                           restore_checkpoint_step=options.restore_checkpoint_step,
+                           vocab_path=options.vocab_path)
+    records = continue_prompts(model, texts, max_decode_steps=options.max_decode_steps,
+                               options=options.sampling, batch_size=options.batch_size)
     _show(records)
     if jax.process_index() == 0:
-        path = os.path.join(job_log_dir, OUTPUTS_FILE)
+        path = os.path.join(options.job_log_dir, OUTPUTS_FILE)
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
@@ -138,8 +155,8 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
                      batch_size: int = 16) -> list[dict]:
     """One record per prompt: its continuation, token count, speed and why it stopped."""
     _check_limits(max_decode_steps, batch_size)
-    tokenizer = (TokenIds(model.arch.vocab_size) if model.vocab is None
-                 else TextVocabulary(model.vocab))
+    tokenizer = (TokenIds(model.arch.vocab_size) if model.tokenizer is None
+                 else TextTokenizer(model.tokenizer))
     encoded = [_fit_context(i, tokenizer.encode(text), model.max_seq_len)
                for i, text in enumerate(texts)]
     log(f"decoding {len(texts)} prompt(s) with step {model.step} of {model.checkpoint}: "
@@ -160,7 +177,7 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
                   np.int32(options.seed))
         program = _program(model, inputs, steps=steps, eos_id=tokenizer.eos_id, options=options)
         began = time.perf_counter()
-        with model.mesh:
+        with jax.set_mesh(model.mesh):
             tokens = np.asarray(jax.device_get(jax.block_until_ready(program(*inputs))))
         seconds = time.perf_counter() - began
         elapsed += seconds
@@ -191,7 +208,7 @@ def _program(model: inference.InferenceModel, inputs: tuple, *, steps: int,
             model.arch, mesh=model.mesh, param_shardings=model.param_shardings, batch=batch,
             prompt_len=prompt_len, steps=steps, max_seq_len=model.max_seq_len, eos_id=eos_id,
             options=options)
-        with model.mesh:
+        with jax.set_mesh(model.mesh):
             model.programs[key] = generate.lower(*inputs).compile()
         log(f"compiled generation for {batch} x {prompt_len}-token prompts in "
             f"{time.perf_counter() - began:.1f}s")

@@ -1,6 +1,7 @@
 """One job: resolve the run, record its config, lay out the mesh, then train or evaluate."""
 
 import contextlib
+import dataclasses
 import json
 import os
 
@@ -11,9 +12,10 @@ from praxis import pax_fiddle
 
 from runner.cluster import mesh as mesh_lib
 from runner.core.errors import UserError
+from runner.core.log import log
 from runner.state import checkpoints
 from runner.training import goodput, preemption, profiling, summaries
-from runner.training.summaries import log
+from runner.training.callbacks import CallbackList, ConsoleSummaries, TensorBoard
 from runner.training.trainer import Trainer
 
 
@@ -117,16 +119,30 @@ def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int |
                 f"{name} {old!r} -> {new!r}" for name, (old, new) in changed.items()))
 
 
-def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
-        peak_tflops: float = 0.0, restore_checkpoint_dir: str | None = None,
-        restore_checkpoint_step: int | None = None, preemption_signal: str | None = "SIGUSR1",
-        save_checkpoints: bool = True, skip_broken_checkpoints: bool = False,
-        profiler_port: int | None = None, wandb_project: str | None = None,
-        profile_steps: tuple[int, int] | None = None):
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What the command line says about one --mode=train or --mode=eval run (main.py builds
+    it from the flags; tests and scripts build it directly)."""
+
+    job_log_dir: str
+    mode: str = "train"  # train | eval
+    peak_tflops: float = 0.0  # per device; 0: looked up from the device kind
+    restore_checkpoint_dir: str | None = None
+    restore_checkpoint_step: int | None = None
+    preemption_signal: str | None = "SIGUSR1"
+    save_checkpoints: bool = True
+    skip_broken_checkpoints: bool = False
+    profiler_port: int | None = None
+    wandb_project: str | None = None
+    profile_steps: tuple[int, int] | None = None  # (start step, number of steps)
+
+
+def run(exp, options: RunOptions, config: fdl.Config | None = None):
     """Train or evaluate `exp`, as its graph `config` says (default: exp.run_config())."""
     experiment = f"{type(exp).__module__}.{type(exp).__name__}"
+    job_log_dir, mode = options.job_log_dir, options.mode
     checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
-    preemption.parse_signal(preemption_signal)  # a bad flag fails before any work
+    preemption.parse_signal(options.preemption_signal)  # a bad flag fails before any work
     check_writable(job_log_dir)
     if mode == "train":
         # Before anything is written there: one directory never mixes two experiments.
@@ -136,63 +152,78 @@ def run(exp, *, mode: str, job_log_dir: str, config: fdl.Config | None = None,
     # The mesh the graph names is the one the run uses (the model was sharded for it).
     mesh = mesh_lib.create_mesh(run_spec.mesh.ici_mesh_shape, run_spec.mesh.dcn_mesh_shape)
     mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
-    # An evaluation writes a config only into a directory of its own: evaluating a training
-    # run's directory (e.g. Lambada126M on a GPT126M run) must not overwrite that run's record.
-    if _is_primary() and mode == "eval" and checkpoints.latest_step(checkpoint_dir) is None:
-        write_config(job_log_dir, exp, config)
-    trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=peak_tflops)
-    source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
-                                        restore_checkpoint_step, mode)
-    # Every process has looked for checkpoints before any creates the directory (the
-    # Checkpointer below): a process that finds it created mid-check would enter orbax's
-    # collective directory handling alone and fail with a sync mismatch.
-    _barrier("paxloom:restore_source")
+    source = checkpoints.restore_source(checkpoint_dir, options.restore_checkpoint_dir,
+                                        options.restore_checkpoint_step, mode)
     if mode == "eval":
-        if not run_spec.evals:
-            raise UserError(f"{run_spec.name} has no evaluation sets; set --fdl.EVAL_BATCHES "
-                            f"or --fdl.LAMBADA_EVAL=True")
-        if source is None:
-            raise UserError(f"--mode=eval evaluates a checkpoint, and {checkpoint_dir} has none; "
-                            f"train first, or pass --restore_checkpoint_dir")
-        restored = _restore(source, trainer.abstract_state, skip_broken_checkpoints,
-                            checkpoint_dir, params_only=True)
-        log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
-            f"from {restored.path}")
-        return trainer.evaluate(restored.state["params"], restored.step,
-                                predictions_dir=job_log_dir)
+        return _evaluate(exp, config, run_spec, mesh, source, options)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
-    state = input_state = resumed_step = None
-    if source is not None:
-        restored = _restore(source, trainer.abstract_state, skip_broken_checkpoints,
-                            checkpoint_dir)
-        state, input_state = restored.state, restored.input_state
-        log(f"restored step {restored.step} from {restored.path}")
-        resumed_step = restored.step if source[0] == checkpoint_dir else None
-    if _is_primary():  # only once training is sure to start: a refused run records nothing
-        record_config(job_log_dir, exp, config, resumed_step)
-        if wandb_project:
-            trainer.wandb = summaries.WandbRun(wandb_project, job_log_dir, exp.hyperparameters())
-        trainer.writer("train").hyperparameters(exp.hyperparameters())
-    # The run's wall time, from its process's start, counts in the job's goodput ledger.
-    trainer.ledger = goodput.Ledger(
-        job_log_dir, process_start=goodput.process_start_time(),
-        start_step=restored.step if source is not None else 0, primary=_is_primary())
-    if profiler_port is not None:
-        profiling.start_server(profiler_port)
-    if profile_steps is not None:
-        trainer.profiler = profiling.StepProfiler(os.path.join(job_log_dir, "tb"), *profile_steps)
-    loop = run_spec.loop
-    with (
-        _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, save_checkpoints)
-        as trainer.checkpointer,
-        preemption.PreemptionWatcher(preemption_signal) as trainer.preemption,
-    ):
-        state = trainer.train(state, input_state)
-    trainer.ledger.finish()
-    if trainer.wandb is not None:
-        trainer.wandb.finish()
-    return state
+    with contextlib.ExitStack() as stack:
+        # The callbacks the run has, decided once, in the order the loop calls them.
+        callbacks = [ConsoleSummaries(), TensorBoard(job_log_dir, exp.hyperparameters())]
+        trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=options.peak_tflops)
+        # Every process has looked for checkpoints before any creates the directory (the
+        # Checkpointer below): a process that finds it created mid-check would enter
+        # orbax's collective directory handling alone and fail with a sync mismatch.
+        _barrier("paxloom:restore_source")
+        state = input_state = resumed_step = None
+        start_step = 0
+        if source is not None:
+            restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
+                                checkpoint_dir)
+            state, input_state, start_step = restored.state, restored.input_state, restored.step
+            log(f"restored step {restored.step} from {restored.path}")
+            resumed_step = restored.step if source[0] == checkpoint_dir else None
+        if _is_primary():  # only once training is sure to start: a refused run records nothing
+            record_config(job_log_dir, exp, config, resumed_step)
+        if options.wandb_project and _is_primary():
+            callbacks.append(summaries.WandbRun(options.wandb_project, job_log_dir,
+                                                exp.hyperparameters()))
+        # The run's wall time, from its process's start, counts in the job's goodput ledger.
+        callbacks.append(goodput.Ledger(job_log_dir, process_start=goodput.process_start_time(),
+                                        start_step=start_step, primary=_is_primary()))
+        if options.profiler_port is not None:
+            profiling.start_server(options.profiler_port)
+        if options.profile_steps is not None:
+            callbacks.append(profiling.StepProfiler(os.path.join(job_log_dir, "tb"),
+                                                    *options.profile_steps))
+        if options.save_checkpoints:
+            metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
+                                                trainer.abstract_state["params"])
+            callbacks.append(stack.enter_context(checkpoints.Checkpointer(
+                checkpoint_dir, metadata=metadata,
+                every_n_steps=run_spec.loop.checkpoint_every_n_steps,
+                max_to_keep=run_spec.loop.checkpoint_max_to_keep)))
+        else:
+            log("--enable_checkpoint_saving=false: this run saves no checkpoints")
+        callbacks.append(stack.enter_context(
+            preemption.PreemptionWatcher(options.preemption_signal)))
+        callbacks += exp.callbacks()  # the experiment's own, last: they see every save
+        return trainer.train(state, input_state, callbacks)
+
+
+def _evaluate(exp, config, run_spec, mesh, source, options: RunOptions):
+    """--mode=eval: every evaluation set once, on a checkpoint's parameters."""
+    checkpoint_dir = checkpoints.job_checkpoint_dir(options.job_log_dir)
+    # An evaluation writes a config only into a directory of its own: evaluating a training
+    # run's directory (e.g. Lambada126M on a GPT126M run) must not overwrite that run's record.
+    if _is_primary() and checkpoints.latest_step(checkpoint_dir) is None:
+        write_config(options.job_log_dir, exp, config)
+    trainer = Trainer(run_spec, mesh, options.job_log_dir, peak_tflops=options.peak_tflops)
+    _barrier("paxloom:restore_source")
+    if not run_spec.evals:
+        raise UserError(f"{run_spec.name} has no evaluation sets; set --fdl.EVAL_BATCHES "
+                        f"or --fdl.LAMBADA_EVAL=True")
+    if source is None:
+        raise UserError(f"--mode=eval evaluates a checkpoint, and {checkpoint_dir} has none; "
+                        f"train first, or pass --restore_checkpoint_dir")
+    restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
+                        checkpoint_dir, params_only=True)
+    log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
+        f"from {restored.path}")
+    return trainer.evaluate(restored.state["params"], restored.step,
+                            predictions_dir=options.job_log_dir,
+                            callbacks=CallbackList([TensorBoard(options.job_log_dir)]))
 
 
 def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
@@ -214,18 +245,6 @@ def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
             log(f"warning: checkpoint step {error.step} is damaged ({where}); restoring "
                 f"step {error.earlier[-1]} instead")
             source = (error.directory, error.earlier[-1])
-
-
-def _checkpointer(checkpoint_dir, experiment, exp, trainer, loop, enabled: bool):
-    if not enabled:
-        log("--enable_checkpoint_saving=false: this run saves no checkpoints")
-        return contextlib.nullcontext()
-    metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
-                                        trainer.abstract_state["params"])
-    return checkpoints.Checkpointer(checkpoint_dir, metadata=metadata,
-                                    every_n_steps=loop.checkpoint_every_n_steps,
-                                    max_to_keep=loop.checkpoint_max_to_keep,
-                                    writer=trainer.writer("train"))
 
 
 def check_writable(job_log_dir: str) -> None:

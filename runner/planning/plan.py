@@ -188,7 +188,7 @@ def plan(exp, config: fdl.Config) -> Plan:
     batch = {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=trainer.data_sharding)
              for k, s in trainer.batch_shapes.items()}
     start = time.perf_counter()
-    with mesh:  # praxis's activation sharding annotations name the mesh's axes
+    with jax.set_mesh(mesh):  # praxis's activation sharding annotations name the mesh's axes
         compiled = trainer.train_step.lower(trainer.abstract_state, batch).compile()
     compile_s = time.perf_counter() - start
     analysis = compiled.memory_analysis()

@@ -27,8 +27,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from runner.core.callbacks import Callback, Request, RunInfo, StepInfo
 from runner.core.errors import UserError
-from runner.training.summaries import log
+from runner.core.log import log
 
 # Hyperparameters that decide parameter shapes: recorded so that a mismatch can
 # be explained in the experiment's own terms.
@@ -323,18 +324,20 @@ def load_numpy(directory: str, step: int | None = None) -> tuple[int, dict]:
     return step, restored["state"]
 
 
-class Checkpointer:
-    """Saves one run's checkpoints; the trainer's `checkpointer` hook. Use as a context manager.
+class Checkpointer(Callback):
+    """Saves one run's checkpoints, as a training-loop callback: it requests a save every
+    `every_n_steps` and writes in on_save. Use as a context manager (close() waits for the
+    save in flight).
 
     Saves are asynchronous: `save` blocks only while the arrays are copied to host
     memory (and while a previous save still writes), then training goes on while
     orbax writes files. The last step is always saved, and waited for.
     """
 
-    def __init__(self, directory: str, *, metadata: dict, every_n_steps: int, max_to_keep: int,
-                 writer=None):
+    def __init__(self, directory: str, *, metadata: dict, every_n_steps: int, max_to_keep: int):
         self.directory = os.path.abspath(directory)
-        self.metadata, self.every_n_steps, self.writer = metadata, every_n_steps, writer
+        self.metadata, self.save_every = metadata, every_n_steps
+        self.publish = lambda split, step, scalars: None  # the loop's, from on_start
         try:
             self._manager = ocp.CheckpointManager(
                 self.directory, item_handlers=_handlers(),
@@ -351,8 +354,18 @@ class Checkpointer:
         self._saved_step = self._manager.latest_step()  # also counts a save still being written
         self._writing: int | None = None  # the step orbax is writing in the background
 
+    def on_start(self, run: RunInfo) -> None:
+        self.publish = run.publish
+
+    def after_step(self, info: StepInfo) -> Request:
+        self.check()
+        return Request(save=self.should_save(info.step))
+
+    def on_save(self, info: StepInfo, final: bool) -> None:
+        self.save(info.step, info.state, info.input_state, final=final)
+
     def should_save(self, step: int) -> bool:
-        return bool(self.every_n_steps) and step % self.every_n_steps == 0
+        return bool(self.save_every) and step % self.save_every == 0
 
     def save(self, step: int, state: dict, input_state: dict | None, final: bool = False) -> None:
         """Start saving `state` at `step`; with `final`, also wait until it is on disk."""
@@ -369,8 +382,7 @@ class Checkpointer:
             # for the previous save.
             blocking = time.perf_counter() - start
             self._saved_step, self._writing = step, step
-            if self.writer is not None:
-                self.writer.scalars(step, {"checkpoint/save_seconds": blocking})
+            self.publish("train", step, {"checkpoint/save_seconds": blocking})
             if not final:
                 log(f"step {step:>6} | checkpoint {self._path(step)} | blocked {blocking:.2f}s, "
                     f"writing in the background")

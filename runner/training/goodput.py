@@ -19,14 +19,14 @@ with SIGKILL leaves how far it got; a run that finishes, or the next run after o
 that died, appends that run's final record to `goodput.jsonl`.
 """
 
-import contextlib
 import json
 import os
 import sys
 import time
 
+from runner.core.callbacks import Callback, RunInfo, StepInfo
+from runner.core.log import log
 from runner.training import compile_log
-from runner.training.summaries import log
 from tasks.progress import format_duration
 
 PHASES = ("startup", "compile", "productive", "input_wait", "evaluation", "checkpoint")
@@ -46,8 +46,9 @@ def process_start_time() -> float:
         return time.time()
 
 
-class Ledger:
-    """One training run's account; `primary` (process 0) writes it."""
+class Ledger(Callback):
+    """One training run's account, kept as a training-loop callback; `primary` (process 0)
+    writes it. Its fractions are published as "train" scalars at every summary step."""
 
     def __init__(self, job_log_dir: str, *, process_start: float, start_step: int,
                  primary: bool = True):
@@ -87,19 +88,23 @@ class Ledger:
             log(f"goodput: the previous run died at step {dead['step']}; steps "
                 f"{self.start_step + 1}..{dead['step']} ({self.lost_steps}) are trained again")
 
-    def begin_loop(self) -> None:
+    def on_start(self, run: RunInfo) -> None:
         self.loop_start = time.time()
         self.compile_before_loop = compile_log.total_seconds()
 
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """Count the time inside as `name` (less any compilation, counted as compile)."""
-        start, compiled = time.time(), compile_log.total_seconds()
-        try:
-            yield
-        finally:
-            self.waits[name] += (time.time() - start) - (
-                compile_log.total_seconds() - compiled)
+    def on_phase(self, name: str, seconds: float) -> None:
+        """`seconds` away from training in `name` (the loop leaves compilation out)."""
+        self.waits[name] += seconds
+
+    def after_step(self, info: StepInfo) -> None:
+        self.step(info.step)
+
+    def extra_scalars(self, split: str, step: int) -> dict:
+        """The fractions so far, with every training summary."""
+        return self.scalars() if split == "train" else {}
+
+    def on_end(self, info: StepInfo) -> None:
+        self.finish()
 
     def record(self) -> dict:
         now = time.time()

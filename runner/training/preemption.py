@@ -24,8 +24,9 @@ import signal
 import jax
 from jax.experimental import multihost_utils
 
+from runner.core.callbacks import Callback, Request, StepInfo
 from runner.core.errors import UserError
-from runner.training.summaries import log
+from runner.core.log import log
 
 
 def parse_signal(name: str | None) -> signal.Signals | None:
@@ -44,8 +45,10 @@ def parse_signal(name: str | None) -> signal.Signals | None:
     return sig
 
 
-class PreemptionWatcher:
-    """`reached(step)`: should the loop save and stop after `step`? Use as a context manager."""
+class PreemptionWatcher(Callback):
+    """A training-loop callback that requests a save and a stop after the step at which a
+    signal arrived (`reached(step)`). Use as a context manager: it restores the previous
+    signal handlers on exit."""
 
     def __init__(self, extra_signal: str | None = "SIGUSR1"):
         extra = parse_signal(extra_signal)
@@ -84,6 +87,12 @@ class PreemptionWatcher:
             self.received = self.received or "SIGTERM"
             return True
         return self.received is not None
+
+    def after_step(self, info: StepInfo) -> Request | None:
+        if not self.reached(info.step):
+            return None
+        return Request(stop=True, reason=f"{self.received} received; saving a checkpoint and "
+                                         f"stopping (run the same command again to resume)")
 
     def close(self) -> None:
         for sig, handler in self._previous.items():

@@ -7,8 +7,9 @@ it for ui.perfetto.dev.
 
 import jax
 
+from runner.core.callbacks import Callback, StepInfo
 from runner.core.errors import UserError
-from runner.training.summaries import log
+from runner.core.log import log
 
 
 def start_server(port: int) -> None:
@@ -22,9 +23,9 @@ def start_server(port: int) -> None:
         f"localhost:{port}")
 
 
-class StepProfiler:
-    """Traces the train steps after `start_step` (the steps numbered start_step + 1 ..
-    start_step + num_steps)."""
+class StepProfiler(Callback):
+    """A training-loop callback that traces the train steps after `start_step` (the steps
+    numbered start_step + 1 .. start_step + num_steps)."""
 
     def __init__(self, log_dir: str, start_step: int, num_steps: int):
         if start_step < 0 or num_steps < 1:
@@ -39,9 +40,12 @@ class StepProfiler:
             jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)
             self.tracing = True
 
-    def after_step(self, step: int, outputs) -> None:
-        if self.tracing and step >= self.stop:
-            self.finish(outputs)
+    def after_step(self, info: StepInfo) -> None:
+        if self.tracing and info.step >= self.stop:
+            self.finish(info.metrics)
+
+    def on_end(self, info: StepInfo) -> None:
+        self.finish(info.metrics)
 
     def finish(self, outputs=None) -> None:
         """Stop a trace in progress (at its last step, or when training ends first)."""

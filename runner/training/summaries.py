@@ -12,6 +12,7 @@ import types
 
 import jax
 
+from runner.core.callbacks import Callback
 from runner.core.errors import UserError
 
 # TensorBoard's writer imports TensorFlow whenever it is installed (which `.[tfds]` does),
@@ -30,9 +31,9 @@ class SummaryWriter:
     must never take a GPU from JAX.
     """
 
-    def __init__(self, logdir: str, wandb=None):
+    def __init__(self, logdir: str):
         self._writer = None
-        self.logdir, self.wandb = logdir, wandb  # wandb: a WandbRun, or None
+        self.logdir = logdir
         if jax.process_index() != 0:
             return
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -66,9 +67,6 @@ class SummaryWriter:
         with open(self._jsonl, "a") as f:
             f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in values.items()}})
                     + "\n")
-        if self.wandb is not None:
-            name = os.path.basename(self.logdir)  # train, eval
-            self.wandb.log(step, {f"{name}/{k}": float(v) for k, v in values.items()})
 
     def hyperparameters(self, values: dict) -> None:
         """The run's hyperparameters for TensorBoard's HPARAMS tab (values it cannot
@@ -89,9 +87,10 @@ class SummaryWriter:
             self._writer.flush()
 
 
-class WandbRun:
-    """Optional Weights & Biases logging (--wandb_project), process 0 only. A resumed job
-    continues its W&B run: the run id is kept in job_log_dir/wandb_run_id."""
+class WandbRun(Callback):
+    """Optional Weights & Biases logging (--wandb_project), process 0 only: every published
+    scalar as SPLIT/NAME. A resumed job continues its W&B run: the run id is kept in
+    job_log_dir/wandb_run_id."""
 
     def __init__(self, project: str, job_log_dir: str, hyperparameters: dict):
         try:
@@ -106,16 +105,10 @@ class WandbRun:
         with open(id_path, "w") as f:
             f.write(self.run.id + "\n")
 
-    def log(self, step: int, values: dict[str, float]) -> None:
-        self.run.log(values, step=int(step))
+    def on_scalars(self, split: str, step: int, scalars: dict) -> None:
+        self.run.log({f"{split}/{k}": float(v) for k, v in scalars.items()}, step=int(step))
 
-    def finish(self) -> None:
+    def on_end(self, info) -> None:
         self.run.finish()
-
-
-def log(message: str) -> None:
-    """One console line, from process 0 only."""
-    if jax.process_index() == 0:
-        print(message, flush=True)
 
 

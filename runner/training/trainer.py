@@ -15,7 +15,10 @@ import optax
 from jax.sharding import Mesh
 
 from runner.cluster import mesh as mesh_lib
+from runner.core.callbacks import RunInfo, StepInfo
+from runner.core.data import BATCH_DTYPES
 from runner.core.errors import UserError
+from runner.core.log import log
 from runner.core.spec import RunSpec
 from runner.state.train_state import (
     as_model_batch,
@@ -27,22 +30,8 @@ from runner.state.train_state import (
     state_shardings,
 )
 from runner.training import compile_log, throughput
+from runner.training.callbacks import CallbackList, check_finite
 from runner.training.prefetch import Prefetcher
-from runner.training.summaries import SummaryWriter, log
-from tasks.progress import format_duration
-
-BATCH_DTYPES = {
-    "ids": jnp.int32,
-    "labels": jnp.int32,
-    "weights": jnp.float32,
-    "paddings": jnp.float32,
-    "segment_ids": jnp.int32,
-    "segment_pos": jnp.int32,
-}
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient norm became NaN/Inf (and SKIP_NONFINITE_STEPS is off)."""
 
 
 class Trainer:
@@ -63,7 +52,7 @@ class Trainer:
         replicated = mesh_lib.replicated(mesh)
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in self.batch_shapes.items()}
-        with mesh:
+        with jax.set_mesh(mesh):
             param_specs = param_partition_specs(self.model, example, mesh)
         init_fn = make_init_fn(self.model, self.tx, self.batch_shapes)
         abstract_state = jax.eval_shape(init_fn, jax.random.key(0))
@@ -106,12 +95,6 @@ class Trainer:
         # other; seen with 8 devices on 2 cores). CPU runs are for tests and
         # laptops, so there the loop waits for each step; on GPUs it never does.
         self.sync_every_step = jax.devices()[0].platform == "cpu"
-        self.checkpointer = None  # set by the caller (runner.state.checkpoints) when saving
-        self.preemption = None  # set by the caller (runner.training.preemption) to stop on a signal
-        self.profiler = None  # set by the caller (runner.training.profiling) to trace chosen steps
-        self.wandb = None  # set by the caller (runner.training.summaries.WandbRun) to log to W&B
-        self.ledger = None  # set by the caller (runner.training.goodput.Ledger) to account wall time
-        self._writers: dict[str, SummaryWriter] = {}
 
     # ----- compiled functions -------------------------------------------------
 
@@ -128,7 +111,7 @@ class Trainer:
         step = state["step"]
         key = jax.random.fold_in(jax.random.key(self.run.loop.random_seed), step)
         loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         new_state = {
             "step": step + 1,
@@ -178,7 +161,7 @@ class Trainer:
     # ----- host side ------------------------------------------------------------
 
     def init_state(self):
-        with self.mesh:
+        with jax.set_mesh(self.mesh):
             return jax.block_until_ready(self._init(jax.random.key(self.run.loop.random_seed)))
 
     def to_device(self, host_batch: dict) -> dict:
@@ -206,140 +189,86 @@ class Trainer:
             for k in BATCH_DTYPES
         }
 
-    def writer(self, name: str) -> SummaryWriter:
-        if name not in self._writers:
-            self._writers[name] = SummaryWriter(f"{self.job_log_dir}/tb/{name}", self.wandb)
-        return self._writers[name]
-
     def make_train_input(self):
         return self.run.make_train_input(
             global_batch_size=self.global_batch_size, process_rows=self.process_rows
         )
 
-    def train(self, state=None, input_state: dict | None = None):
-        """Train from `state` (default: freshly initialised) to MAX_STEPS; returns the final state."""
+    def train(self, state=None, input_state: dict | None = None, callbacks=()):
+        """Train from `state` (default: freshly initialised) to MAX_STEPS, calling
+        `callbacks` at each point of the loop (runner/core/callbacks.py); returns the final
+        state. Nothing here waits for the device: callbacks that read values do."""
         loop = self.run.loop
+        callbacks = CallbackList(callbacks)
         state = self.init_state() if state is None else state
         step = int(state["step"])
         data = self.make_train_input()
         if input_state is not None:
             data.set_state(input_state)
         prefetcher = Prefetcher(data, self.to_device)
-        if step > 0:  # resumed: what earlier runs logged after `step` is done again
-            for name in ("train", "eval") if self.run.evals else ("train",):
-                self.writer(name).restart(step + 1)
         log(
             f"training {self.run.name}: {self.num_params:,} parameters, mesh "
             f"{dict(self.mesh.shape)}, global batch {self.global_batch_size} x "
             f"{self.run.model_shape.seq_len} tokens, steps {step} -> {loop.max_steps}"
         )
-        pending: list[dict] = []  # device-side metrics since the last summary
-        interval_start, interval_step = time.perf_counter(), step
-        last_input_state = input_state
-        first_step = True
-        if self.ledger is not None:
-            self.ledger.begin_loop()
+        callbacks.on_start(RunInfo(
+            name=self.run.name, start_step=step, loop=loop,
+            global_batch_size=self.global_batch_size, seq_len=self.run.model_shape.seq_len,
+            num_params=self.num_params, flops_per_token=self.flops_per_token,
+            peak_flops=self.peak_flops * self.mesh.devices.size, job_log_dir=self.job_log_dir,
+            publish=callbacks.publish))
+        info = StepInfo(step=step, state=state, metrics={}, input_state=input_state)
+        unchecked = []  # non-finite flags of the steps since the last save
         try:
             while step < loop.max_steps:
-                with self._phase("input_wait"):
-                    batch, last_input_state = next(prefetcher)
-                if self.profiler is not None:
-                    self.profiler.before_step(step)
-                with self.mesh:
+                with self._phase("input_wait", callbacks):
+                    batch, input_state = next(prefetcher)
+                callbacks.before_step(step)
+                with jax.set_mesh(self.mesh):
                     state, metrics = self.train_step(state, batch)
                 if self.sync_every_step:
                     jax.block_until_ready(metrics)
                 step += 1
-                if self.profiler is not None:
-                    self.profiler.after_step(step, metrics)
-                if self.ledger is not None:
-                    self.ledger.step(step)
-                if self.checkpointer is not None:
-                    with self._phase("checkpoint"):
-                        self.checkpointer.check()
-                pending.append(metrics)
-                if self.preemption is not None and self.preemption.reached(step):
-                    log(f"step {step}: {self.preemption.received} received; saving a "
-                        f"checkpoint and stopping (run the same command again to resume)")
+                info = StepInfo(step=step, state=state, metrics=metrics, input_state=input_state)
+                unchecked.append(metrics["nonfinite"])
+                request = callbacks.after_step(info)
+                if request.stop:
+                    log(f"step {step}: {request.reason}")
                     break
-                if first_step:
-                    # Time the first step (compilation) apart from the steady state.
-                    first_step = False
-                    jax.block_until_ready(metrics)
-                    log(f"step {step}: compiled and ran in {time.perf_counter() - interval_start:.1f}s")
-                    interval_start, interval_step = time.perf_counter(), step
-                if step % loop.summary_interval_steps == 0 or step == loop.max_steps:
-                    elapsed = time.perf_counter() - interval_start
-                    self._summarize(step, pending, elapsed, step - interval_step)
-                    pending = []
-                    interval_start, interval_step = time.perf_counter(), step
                 if loop.eval_interval_steps and step % loop.eval_interval_steps == 0:
-                    with self._phase("evaluation"):
-                        self.evaluate(state["params"], step)
-                    interval_start = time.perf_counter()
-                if self.checkpointer is not None and self.checkpointer.should_save(step):
-                    self._check_finite(pending, step)
-                    with self._phase("checkpoint"):
-                        self.checkpointer.save(step, state, last_input_state)
+                    with self._phase("evaluation", callbacks):
+                        self.evaluate(state["params"], step, callbacks=callbacks)
+                if request.save:
+                    unchecked = self._save(info, unchecked, callbacks, final=False)
         finally:
             prefetcher.close()
-            if self.profiler is not None:
-                self.profiler.finish()
-        if self.checkpointer is not None:
-            self._check_finite(pending, step)
-            with self._phase("checkpoint"):
-                self.checkpointer.save(step, state, last_input_state, final=True)
-        for writer in self._writers.values():
-            writer.flush()
+        self._save(info, unchecked, callbacks, final=True)
+        callbacks.on_end(info)
         return state
 
-    def _phase(self, name: str):
-        """Account the time inside to `name` in the goodput ledger, if there is one."""
-        return self.ledger.phase(name) if self.ledger is not None else contextlib.nullcontext()
+    def _save(self, info: StepInfo, unchecked: list, callbacks: CallbackList,
+              final: bool) -> list:
+        """Have the callbacks save `info` (a checkpoint), after checking that no step since
+        the last save went non-finite; returns the (now empty) list of unchecked flags."""
+        if not self.run.loop.skip_nonfinite_steps:
+            check_finite(unchecked, info.step)
+        with self._phase("checkpoint", callbacks):
+            callbacks.on_save(info, final)
+        return []
 
-    def _check_finite(self, pending: list[dict], step: int) -> None:
-        if not pending or self.run.loop.skip_nonfinite_steps:
-            return
-        flags = np.asarray(jax.device_get([m["nonfinite"] for m in pending]))
-        if flags.any():
-            bad = step - len(pending) + 1 + int(np.argmax(flags))
-            raise NonFiniteLossError(
-                f"loss, gradient norm or parameters became NaN/Inf at step {bad}; stopping "
-                f"without saving "
-                f"(the last good checkpoint is kept). Lower LEARNING_RATE, or set "
-                f"SKIP_NONFINITE_STEPS=True to skip such steps"
-            )
+    @contextlib.contextmanager
+    def _phase(self, name: str, callbacks: CallbackList):
+        """Tell the callbacks how long the loop spent in `name` (compilation excluded: the
+        goodput ledger counts that apart)."""
+        start, compiled = time.perf_counter(), compile_log.total_seconds()
+        try:
+            yield
+        finally:
+            callbacks.on_phase(name, (time.perf_counter() - start) - (
+                compile_log.total_seconds() - compiled))
 
-    def _summarize(self, step: int, pending: list[dict], elapsed: float, steps: int) -> None:
-        self._check_finite(pending, step)
-        host = jax.device_get(pending)
-        loss = float(np.mean([m["loss"] for m in host]))
-        grad_norm = float(np.mean([m["grad_norm"] for m in host]))
-        learning_rate = float(host[-1]["learning_rate"])
-        skipped = int(sum(bool(m["nonfinite"]) for m in host))
-        scalars = {"loss": loss, "learning_rate": learning_rate, "grad_norm": grad_norm}
-        line = f"step {step:>6} | loss {loss:.4f} | lr {learning_rate:.3e} | grad_norm {grad_norm:.3f}"
-        if steps > 0 and elapsed > 0:  # no rate right after the (timed-apart) first step
-            steps_per_sec = steps / elapsed
-            tokens_per_sec = steps_per_sec * self.global_batch_size * self.run.model_shape.seq_len
-            scalars.update(steps_per_sec=steps_per_sec, tokens_per_sec=tokens_per_sec)
-            line += f" | {steps_per_sec:.2f} steps/s | {tokens_per_sec:,.0f} tokens/s"
-            if self.peak_flops:
-                mfu = tokens_per_sec * self.flops_per_token / (
-                    self.mesh.devices.size * self.peak_flops)
-                scalars["mfu"] = mfu
-                line += f" | MFU {mfu:.1%}"
-            eta = (self.run.loop.max_steps - step) / steps_per_sec
-            line += f" | ETA {format_duration(eta)}"
-        if skipped:
-            scalars["skipped_nonfinite_steps"] = skipped
-            line += f" | skipped {skipped} non-finite step(s)"
-        log(line)
-        if self.ledger is not None:
-            scalars.update(self.ledger.scalars())
-        self.writer("train").scalars(step, scalars)
-
-    def evaluate(self, params, step: int, predictions_dir: str | None = None):
+    def evaluate(self, params, step: int, predictions_dir: str | None = None,
+                 callbacks: CallbackList | None = None):
         """Run every evaluation set once; log and write the results; return them.
 
         With `predictions_dir`, each set writes its per-example outputs there, if it has
@@ -350,6 +279,7 @@ class Trainer:
         # can starve the other's participants (deadlock). So wait for the train step
         # that made `params`, and for every shard of each eval output.
         jax.block_until_ready(params)
+        callbacks = callbacks or CallbackList([])
         results = {}
         for ev in self.run.evals:
             start = time.perf_counter()
@@ -358,7 +288,7 @@ class Trainer:
             step_fn = self.eval_step(ev)
             outputs = []
             for host_batch in data:
-                with self.mesh:
+                with jax.set_mesh(self.mesh):
                     out = jax.block_until_ready(step_fn(params, self.to_device(host_batch)))
                 outputs.append(jax.device_get(out))
             if not outputs:
@@ -369,9 +299,10 @@ class Trainer:
             shown = " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in metrics.items())
             log(f"step {step:>6} | eval {ev.name} | {shown} | {time.perf_counter() - start:.1f}s")
-            self.writer("eval").scalars(step, {f"{ev.name}/{k}": v for k, v in metrics.items()})
+            callbacks.publish("eval", step, {f"{ev.name}/{k}": v for k, v in metrics.items()})
             if predictions_dir and jax.process_index() == 0:
                 path = ev.write_outputs(predictions_dir, data, per_example)
                 if path:
                     log(f"wrote per-example predictions to {path}")
+        callbacks.after_evaluation(step, results)
         return results

@@ -1,0 +1,101 @@
+"""The data contract: what a dataset hands the runtime, and what the runtime asks of it.
+
+Both sides import this module: datasets in tasks/ (or in a user's own module) implement
+these protocols, and the training loop, evaluation and inference consume them, so neither
+knows the other by name.
+
+A batch is a dict of numpy arrays, each [rows, seq_len], with the keys and dtypes of
+BATCH_DTYPES. `rows` is this process's share of the global batch (`process_rows`); the
+runtime assembles the global array. Targets are `labels` weighted by `weights` (0 on
+padding); `segment_ids`/`segment_pos` mark the documents packed into a row (segment 0 and
+paddings 1 on padding).
+
+An experiment's dataset (the registry in tasks/datasets.py, or a user's own class) is a
+`Dataset`: given the run's `DataSettings`, it returns Fiddle nodes, so everything the run
+reads is recorded in its graph (fiddle_graph.json) and can be overridden with
+--fdl.path=VALUE:
+
+- `train_input(settings)`: an `fdl.Partial` of a factory called as
+  `factory(global_batch_size=, process_rows=)` once the mesh is known, returning a
+  `TrainInput`; None when the dataset has no training split.
+- `evaluations(settings)`: `fdl.Config`s of runner.core.spec.Evaluation subclasses, whose
+  `make_input(global_batch_size=, process_rows=)` returns an `EvalInput`.
+- `tokenizer(settings)`: an `fdl.Config` building the `Tokenizer` the text is encoded with
+  (evaluations on text, --mode=decode and Hugging Face export use this same node), or None
+  when the data are token ids.
+"""
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+
+# The batch contract: every key, with the dtype the runtime puts on the devices.
+BATCH_DTYPES = {
+    "ids": np.int32,
+    "labels": np.int32,
+    "weights": np.float32,
+    "paddings": np.float32,
+    "segment_ids": np.int32,
+    "segment_pos": np.int32,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """What a dataset is told about the run: the experiment's sizes and seeds, and where the
+    command line says data and tokenizers live."""
+
+    seq_len: int  # MAX_SEQ_LEN
+    vocab_size: int  # VOCAB_SIZE; a tokenizer with more ids is refused
+    seed: int  # TRAIN_INPUT_RANDOM_SEED
+    packed: bool  # PACKED_INPUT: documents packed across rows (else one per row)
+    eval_batches: int  # EVAL_BATCHES; 0: no held-out evaluation
+    lambada_eval: bool = False  # LAMBADA_EVAL: add Lambada (text datasets only)
+    lambada_max_examples: int = 0  # LAMBADA_MAX_EXAMPLES; 0: all
+    data_dir: str | None = None  # --data_dir, --tfds_data_dir or $TFDS_DATA_DIR
+    vocab_path: str | None = None  # --vocab_path or $VOCAB_PATH
+    cache_dir: str | None = None  # --cache_dir: tokenized data
+
+
+class TrainInput(Protocol):
+    """An endless, restartable stream of this process's rows of each global batch. The
+    state is JSON and the same on every process; set_state(get_state()) after batch k
+    continues with batch k+1 exactly (checkpoints store it)."""
+
+    def next_batch(self) -> dict[str, np.ndarray]: ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+
+class EvalInput(Protocol):
+    """The same batches each time it is iterated (this process's rows of each)."""
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
+
+
+class Tokenizer(Protocol):
+    """Text <-> ids. `eos_id` ends every document and, as an input, starts the next (it
+    plays BOS: no separate BOS is added); id 0 is padding in batches."""
+
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]: ...
+
+    def decode(self, ids) -> str: ...
+
+
+class Dataset(Protocol):
+    """What an experiment trains and evaluates on (see the module docstring)."""
+
+    def train_input(self, settings: DataSettings) -> Any: ...
+
+    def evaluations(self, settings: DataSettings) -> list[Any]: ...
+
+    def tokenizer(self, settings: DataSettings) -> Any: ...

@@ -1,0 +1,18 @@
+"""--mode=decode's launcher: an experiment and its run graph in, the decoding runtime
+(runner/inference/decode.py) called with the graph and the command line's options.
+
+The experiment stops here: decoding needs nothing of it that the graph does not hold (the
+model, the mesh, the sizes in `model_shape`, the run's `name` and its `tokenizer`)."""
+
+import fiddle as fdl
+
+from runner.inference import decode
+from runner.inference.decode import DecodeOptions
+
+
+def run(exp, config: fdl.Config | None, options: DecodeOptions) -> list[dict]:
+    """Continue options' prompts with `exp`'s model, as its graph `config` says (default:
+    exp.run_config(), with options.vocab_path); return decode_outputs.jsonl's records."""
+    if config is None:
+        config = exp.run_config(vocab_path=options.vocab_path)
+    return decode.run(config, options)

@@ -1,0 +1,137 @@
+"""Your own corpus: `TextFiles`, a dataset of text files named by path or glob.
+
+    class MyGPT(experiments.GPT126M):
+        def dataset(self):
+            return TextFiles(train="corpus/*.jsonl.gz", validation="corpus/val.parquet",
+                             text_field="body", tokenizer_path="tokenizer.json")
+
+Formats (tasks/text_formats.py): .jsonl, .jsonl.gz, .jsonl.zst (the `text_field` key of
+each line), .parquet and a Hugging Face `save_to_disk` directory (its `text_field` column,
+read with pyarrow), .txt (a document per file, or per blank-line-separated block), and
+Pax's TFDS shards. The tokenizer is a SentencePiece .model or a Hugging Face
+tokenizer.json, chosen by the file (tasks/tokenizer.py).
+
+Validation comes from separate files, or from `validation_fraction` of the training
+documents, held out by a hash of (file name, document index): the same documents every
+run, on every process, whatever the file order. Everything else (tokenizing once into a
+cache, packing, shuffling, exact resume) is the shared input pipeline's
+(tasks/input_pipeline.py).
+
+`--fdl.DATASET="text"` trains on the files under --data_dir with --vocab_path's
+tokenizer, with no code.
+"""
+
+import dataclasses
+import functools
+import hashlib
+
+import fiddle as fdl
+
+from runner.core.data import DataSettings
+from runner.core.errors import UserError
+from tasks import evaluations
+from tasks.datasets import lambada_evaluation, register, required_data_dir, vocabulary
+from tasks.input_pipeline import PileEvalInput, PileTrainInput
+from tasks.text_formats import TextFormat, expand_files
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutFormat(TextFormat):
+    """A TextFormat that keeps only the training or only the held-out documents. Part of the
+    token cache's key like any format, so the two splits are cached apart."""
+
+    validation_fraction: float = 0.0
+    keep: str = "train"  # or "validation"
+
+    def documents(self, path, stats=None, with_set_name: bool = False):
+        name = str(path).rsplit("/", 1)[-1]
+        for index, document in enumerate(super().documents(path, stats, with_set_name)):
+            if held_out(name, index, self.validation_fraction) == (self.keep == "validation"):
+                yield document
+
+
+def held_out(file_name: str, index: int, fraction: float) -> bool:
+    """Whether document `index` of `file_name` is in the held-out `fraction`."""
+    digest = hashlib.blake2b(f"{file_name}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+@register("text")
+@dataclasses.dataclass(frozen=True)
+class TextFiles:
+    """Text files of your own (see the module docstring). Paths are a path, a glob, a
+    directory, or a tuple of those; relative ones are relative to the working directory."""
+
+    train: str | tuple[str, ...] = ""  # "": the files under --data_dir
+    validation: str | tuple[str, ...] = ""  # separate validation files
+    validation_fraction: float = 0.0  # or: this share of the training documents, held out
+    tokenizer_path: str = ""  # a .model or tokenizer.json; "": --vocab_path
+    text_field: str = "text"  # jsonl key, parquet/Arrow column
+    txt_documents: str = "file"  # .txt: "file" or "blank_line"
+    lambada_dir: str = ""  # LAMBADA_EVAL: a directory with lambada/; "": --data_dir
+
+    def __post_init__(self):
+        for name in ("train", "validation"):  # lists as tuples: the dataset stays hashable
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise UserError(f"TextFiles(validation_fraction={self.validation_fraction}) must "
+                            f"be in [0, 1), e.g. 0.01")
+        if self.validation and self.validation_fraction:
+            raise UserError("TextFiles: give validation files or a validation_fraction, not "
+                            "both")
+        TextFormat(self.text_field, self.txt_documents)  # checks both now, in one line
+
+    def _format(self, keep: str):
+        """The format's graph node: the training or held-out documents."""
+        if not self.validation_fraction:
+            return fdl.Config(TextFormat, self.text_field, self.txt_documents)
+        return fdl.Config(HeldOutFormat, self.text_field, self.txt_documents,
+                          validation_fraction=self.validation_fraction, keep=keep)
+
+    @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
+    def _nodes(self, settings: DataSettings):
+        """(train files, tokenizer) nodes, shared by every input so each is built once."""
+        train = self.train or fdl.Config(required_data_dir, settings.data_dir)
+        return (fdl.Config(expand_files, train),
+                fdl.Config(vocabulary, vocab_path=self.tokenizer_path or settings.vocab_path,
+                           vocab_size=settings.vocab_size))
+
+    def train_input(self, settings: DataSettings):
+        files, tokenizer = self._nodes(settings)
+        return fdl.Partial(text_train_input, files=files, vocab=tokenizer,
+                           seq_len=settings.seq_len, seed=settings.seed, packed=settings.packed,
+                           cache_dir=settings.cache_dir, text_format=self._format("train"))
+
+    def evaluations(self, settings: DataSettings):
+        files, tokenizer = self._nodes(settings)
+        evals = []
+        if settings.eval_batches and (self.validation or self.validation_fraction):
+            if self.validation:
+                files = fdl.Config(expand_files, self.validation)
+            evals.append(fdl.Config(
+                evaluations.TokenLossEval, name="validation",
+                make_input=fdl.Partial(text_eval_input, files=files, vocab=tokenizer,
+                                       seq_len=settings.seq_len,
+                                       num_batches=settings.eval_batches,
+                                       text_format=self._format("validation"))))
+        if settings.lambada_eval:
+            data_dir = self.lambada_dir or fdl.Config(required_data_dir, settings.data_dir)
+            evals.append(lambada_evaluation(settings, data_dir, tokenizer,
+                                            settings.lambada_max_examples))
+        return evals
+
+    def tokenizer(self, settings: DataSettings):
+        return self._nodes(settings)[1]
+
+
+def text_train_input(*, files, vocab, seq_len, seed, packed, cache_dir, text_format,
+                     global_batch_size, process_rows):
+    return PileTrainInput(files, vocab, seq_len, global_batch_size, process_rows, seed,
+                          packed=packed, cache_dir=cache_dir, text_format=text_format)
+
+
+def text_eval_input(*, files, vocab, seq_len, num_batches, text_format, global_batch_size,
+                    process_rows):
+    return PileEvalInput(files, vocab, seq_len, global_batch_size, num_batches, process_rows,
+                         text_format=text_format)

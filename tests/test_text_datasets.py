@@ -1,0 +1,120 @@
+"""Your own corpus (tasks/text.py's TextFiles): every reader with each kind of tokenizer
+trains through the real input pipeline, and a run resumed from its input position and
+state continues with exactly the losses of an uninterrupted run."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from praxis import pax_fiddle
+
+import experiments
+from runner.cluster import mesh as mesh_lib
+from runner.core.callbacks import Callback
+from runner.core.errors import UserError
+from runner.training.trainer import Trainer
+from tasks import datasets
+from tasks.text import TextFiles, held_out
+from tests.data_fixtures import (
+    as_blocks,
+    make_docs,
+    tiny_vocab_path,
+    train_hf_tokenizer,
+    write_corpus,
+)
+from tests.helpers import TINY
+
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
+READERS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "txt", "hf_dataset")
+DOCS = make_docs(120, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    return {"sentencepiece": tiny_vocab_path(tmp_path_factory),
+            "tokenizer.json": train_hf_tokenizer(tmp_path_factory.mktemp("hf"), DOCS)}
+
+
+class Losses(Callback):
+    def on_start(self, run):
+        self.losses = []
+
+    def after_step(self, info):
+        self.losses.append(float(info.metrics["loss"]))
+
+    def on_end(self, info):
+        self.input_state = info.input_state
+
+
+def train(dataset, tmp_path, max_steps, state=None, input_state=None):
+    """(losses, final state, input state) of a run of `dataset` up to `max_steps`."""
+
+    class Own(experiments.BaseExperiment):
+        def dataset(self):
+            return dataset
+
+    exp = Own(**{**TINY, "ICI_MESH_SHAPE": [2, 2, 2], "MAX_STEPS": max_steps,
+                 "SUMMARY_INTERVAL_STEPS": 100, "EVAL_BATCHES": 1})
+    run = pax_fiddle.build(exp.run_config(cache_dir=str(tmp_path / "cache")))
+    mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
+    trainer = Trainer(run, mesh, str(tmp_path))
+    recorder = Losses()
+    state = trainer.train(state, input_state, [recorder])
+    return recorder.losses, state, recorder.input_state, trainer, run
+
+
+@pytest.mark.parametrize("tokenizer", ["sentencepiece", "tokenizer.json"])
+@pytest.mark.parametrize("reader", READERS)
+def test_each_reader_trains_with_each_tokenizer(tmp_path, tokenizers, reader, tokenizer):
+    """Every reader x tokenizer trains and evaluates its held-out documents; each reader
+    resumes exactly (with one of the two tokenizers, alternating, to keep the suite fast)."""
+    docs = as_blocks(DOCS) if reader.startswith("txt") else DOCS
+    files = write_corpus(tmp_path / "data", reader, docs, text_field="body")
+    dataset = TextFiles(train=str(files), text_field="body", validation_fraction=0.1,
+                        tokenizer_path=str(tokenizers[tokenizer]))
+    losses, final, _, trainer, run = train(dataset, tmp_path / "full", 4)
+    assert all(np.isfinite(losses)) and len(losses) == 4
+    assert run.tokenizer.path == tokenizers[tokenizer]
+    (validation,) = run.evals
+    assert validation.name == "validation"
+    assert np.isfinite(trainer.evaluate(final["params"], 4)["validation"]["loss"])
+    if READERS.index(reader) % 2 == (tokenizer == "tokenizer.json"):
+        # Stopped after 2 steps, resumed from its state and input position: the same losses.
+        first, state, position, _, _ = train(dataset, tmp_path / "part", 2)
+        rest, _, _, _, _ = train(dataset, tmp_path / "part", 4, state, position)
+        assert first + rest == losses
+
+
+def test_held_out_documents_are_a_stable_fraction():
+    chosen = [held_out("corpus.jsonl", i, 0.1) for i in range(20_000)]
+    assert 0.09 < np.mean(chosen) < 0.11
+    assert chosen == [held_out("corpus.jsonl", i, 0.1) for i in range(20_000)]
+    assert not any(held_out("corpus.jsonl", i, 0.0) for i in range(1000))
+
+
+def test_dataset_names_resolve_through_the_registry_with_a_near_match():
+    assert {"synthetic", "sample", "pile", "none", "text"} <= set(datasets.registered())
+    assert datasets.lookup("text") == TextFiles()
+    with pytest.raises(UserError, match=r"DATASET='sampel' is not a registered dataset .*"
+                                        r"\(did you mean sample\?\)"):
+        experiments.BaseExperiment(DATASET="sampel")
+
+
+def test_text_files_take_the_command_lines_data_dir_and_tokenizer(tmp_path, tokenizers):
+    write_corpus(tmp_path / "corpus", "jsonl", DOCS)
+    exp = experiments.BaseExperiment(**{**TINY, "DATASET": "text"})
+    run = pax_fiddle.build(exp.run_config(data_dir=str(tmp_path / "corpus"),
+                                          vocab_path=str(tokenizers["tokenizer.json"]),
+                                          cache_dir=str(tmp_path / "cache")))
+    data = run.make_train_input(global_batch_size=8, process_rows=(0, 8))
+    assert data.next_batch()["ids"].shape == (8, TINY["MAX_SEQ_LEN"])
+    assert run.tokenizer.path == tokenizers["tokenizer.json"]
+
+
+def test_bad_text_files_settings_are_one_line():
+    with pytest.raises(UserError, match=r"validation_fraction=1.5\) must be in \[0, 1\)"):
+        TextFiles(validation_fraction=1.5)
+    with pytest.raises(UserError, match="not both"):
+        TextFiles(validation="v.jsonl", validation_fraction=0.1)
+    assert dataclasses.replace(TextFiles(train=["a", "b"])).train == ("a", "b")
