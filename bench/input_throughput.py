@@ -33,9 +33,9 @@ import zstandard  # noqa: E402
 from tasks import layout  # noqa: E402
 from tasks.input_pipeline import PileTrainInput, raw_rows  # noqa: E402
 from tasks.packing import make_batch  # noqa: E402
-from tasks.pile import iter_documents  # noqa: E402
 from tasks.prepare import prepare  # noqa: E402
 from tasks.sample_corpus import ensure_sample_data  # noqa: E402
+from tasks.text_formats import iter_documents  # noqa: E402
 from tasks.train_vocab import train_sentencepiece  # noqa: E402
 from tasks.vocab import load_vocabulary  # noqa: E402
 

@@ -58,7 +58,7 @@ def _tensorflow():
 
 def iter_examples(path, features: tuple[str, ...], stats=None) -> Iterator[tuple[str, ...]]:
     """The named byte-string features of each tf.train.Example in one TFRecord shard, as
-    text. `stats` (tasks.pile.ReadStats), if given, counts records and bytes read."""
+    text. `stats` (tasks.text_formats.ReadStats), if given, counts records and bytes read."""
     tf = _tensorflow()
     dataset = tf.data.TFRecordDataset(str(path))
     record = 0

@@ -20,8 +20,8 @@ from absl import flags, logging
 
 from runner.core.errors import UserError
 from tasks import layout
-from tasks.pile import iter_documents
 from tasks.progress import Heartbeat, Progress
+from tasks.text_formats import iter_documents
 
 # SentencePiece drops longer sentences; cut them instead so long lines still count.
 MAX_SENTENCE_BYTES = 4096

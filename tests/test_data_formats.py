@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from runner.core.errors import UserError
-from tasks import pile
 from tasks.input_pipeline import PileEvalInput, raw_rows
 from tasks.prepare import cache_key, prepare
 from tasks.text_formats import ReadStats, TextFormat, expand_files, iter_documents
@@ -60,9 +59,6 @@ def test_each_format_reads_back_exactly(tmp_path, fmt):
     text_format = TextFormat(text_field=field,
                              txt_documents="blank_line" if fmt == "txt_blank_line" else "file")
     assert _read_all(spec, text_format) == docs
-    # The same through tasks.pile, the entry point of the existing callers.
-    assert [d for f in expand_files(spec)
-            for d in pile.iter_documents(f, text_format=text_format)] == docs
     pairs = [p for f in expand_files(spec) for p in text_format.documents(f, with_set_name=True)]
     assert pairs == [(d, None) for d in docs]
 
@@ -70,7 +66,7 @@ def test_each_format_reads_back_exactly(tmp_path, fmt):
 def test_default_text_field_and_stats(tmp_path):
     path = fx.write_corpus(tmp_path, "parquet", DOCS)
     stats = ReadStats(str(path))
-    assert list(pile.iter_documents(path, stats)) == DOCS
+    assert list(iter_documents(path, stats)) == DOCS
     assert (stats.docs, stats.lines, stats.skipped) == (len(DOCS), len(DOCS), 0)
     assert stats.bytes_read == path.stat().st_size  # the progress bar ends at 100%
 

@@ -10,8 +10,8 @@ from runner.core.errors import UserError
 from tasks import layout
 from tasks.input_pipeline import FeistelPermutation, PileEvalInput, PileTrainInput
 from tasks.packing import BATCH_KEYS
-from tasks.pile import iter_documents
 from tasks.prepare import cache_key, prepare
+from tasks.text_formats import iter_documents
 from tasks.vocab import load_vocabulary
 from tests import data_fixtures as fx
 

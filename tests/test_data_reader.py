@@ -9,7 +9,7 @@ import zstandard
 
 from runner.core.errors import UserError
 from tasks import layout
-from tasks.pile import ReadStats, iter_documents
+from tasks.text_formats import ReadStats, iter_documents
 from tasks.vocab import check_vocab_size, load_vocabulary
 from tests import data_fixtures as fx
 

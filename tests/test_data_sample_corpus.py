@@ -5,8 +5,8 @@ import numpy as np
 from tasks import layout
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.lambada import lambada_batches, read_lambada
-from tasks.pile import iter_documents
 from tasks.sample_corpus import VOCAB_SIZE, ensure_sample_data
+from tasks.text_formats import iter_documents
 from tasks.vocab import check_vocab_size, load_vocabulary
 
 

@@ -9,7 +9,7 @@ import pytest
 from runner.core.errors import UserError
 from tasks import layout, tfds
 from tasks.lambada import read_lambada
-from tasks.pile import iter_documents
+from tasks.text_formats import iter_documents
 from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_tfds_data, write_lines
 from tests.helpers import TINY
 

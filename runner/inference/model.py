@@ -23,7 +23,7 @@ from runner.core.data import BATCH_DTYPES, Tokenizer
 from runner.core.errors import UserError
 from runner.state import checkpoints
 from runner.state.train_state import make_init_fn, param_partition_specs
-from tasks.vocab import check_vocab_size, load_vocabulary
+from tasks import datasets
 
 
 @dataclasses.dataclass
@@ -97,12 +97,9 @@ def load_tokenizer(config: fdl.Config, vocab_path: str | None,
                    vocab_size: int) -> Tokenizer | None:
     """The run graph's tokenizer node (`config.tokenizer`), built: exactly what training
     encoded with. A graph without one reads token ids (synthetic data): then --vocab_path's
-    SentencePiece model, checked against `vocab_size`, if given; else None."""
-    node = getattr(config, "tokenizer", None)
-    if node is not None:
-        return pax_fiddle.build(node)
+    tokenizer, checked against `vocab_size`, if given; else None."""
+    if config.tokenizer is not None:
+        return pax_fiddle.build(config.tokenizer)
     if vocab_path:
-        vocab = load_vocabulary(vocab_path)
-        check_vocab_size(vocab, vocab_size)
-        return vocab
+        return datasets.vocabulary(vocab_path=vocab_path, vocab_size=vocab_size)
     return None
