@@ -1,8 +1,10 @@
-"""The train loop: one jitted, state-donating step; summaries, evaluations, checkpoints.
+"""The train loop: one jitted, state-donating step, evaluations, and the callbacks.
 
 Phases: mesh and batch layout -> model, optimizer and sharded state -> input
-with prefetch -> loop. The loop never waits for the device except at summary,
-evaluation and checkpoint steps, where it must read values anyway.
+with prefetch -> loop. What happens around the steps (summaries, checkpoints,
+preemption, profiling, goodput, a user's own) are callbacks (runner/core/callbacks.py)
+that the loop calls at fixed points. The loop itself never waits for the device; the
+callbacks that read values (summaries, checkpoints) do, at their own steps.
 """
 
 import contextlib
