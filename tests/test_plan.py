@@ -85,6 +85,12 @@ def test_planned_program_is_the_one_that_runs_and_its_peak_matches(measured_plan
         assert 0.8 * planned <= grown <= 1.5 * planned, (grown, planned)
 
 
+def test_a_pile_experiment_plans_without_data_or_vocabulary():
+    """The plan compiles the step alone: no --data_dir, no --vocab_path needed."""
+    p = plan.plan(*tiny(DATASET="pile", LAMBADA_EVAL=True))
+    assert p.memory.params > 0
+
+
 def test_verdict_and_candidate_changes(measured_plan):
     p = measured_plan
     assert plan.fits(p, p.memory.peak) and not plan.fits(p, p.memory.peak - 1)

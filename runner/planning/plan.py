@@ -175,9 +175,11 @@ def plan(exp, config: fdl.Config) -> Plan:
     devices = use_host_devices(math.prod(ici) * math.prod(dcn))
     if config.make_train_input is None:
         raise UserError(f"{type(exp).__name__} is evaluation-only; --mode=plan plans training")
-    # The step never sees the inputs: leave them out, so planning needs no data on disk.
+    # The step never sees the inputs or the tokenizer: leave them out, so planning needs no
+    # data (and no vocabulary) on disk.
     config.make_train_input = None
     config.evals = []
+    config.tokenizer = None
     run = pax_fiddle.build(config)
     # One process holds every device, so lay the mesh out directly (create_mesh would
     # insist that DCN_MESH_SHAPE match the process count). Positions along each axis are
