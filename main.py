@@ -147,23 +147,32 @@ def run_graph(exp, graph_overrides: dict[str, str]):
     from experiments import overrides
     from runner.launch import job
 
-    if FLAGS.fdl_config_file:
-        config = job.load_config(FLAGS.fdl_config_file)
+    if not FLAGS.fdl_config_file:
+        config = experiment_graph(exp, graph_overrides)
     else:
-        # TFDS_DATA_DIR from the environment, as the Pax README passes the data.
-        # A plan chooses the attention kernel for the GPU it plans for, not for this CPU.
-        planned = {}
-        if FLAGS.mode == "plan":
-            from runner.planning import plan
-
-            planned["plan_for_hopper"] = plan.DEVICE_KINDS.get(FLAGS.plan_device,
-                                                               plan.DEVICE_KINDS["h100"]).hopper
-        config = exp.run_config(
-            data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
-            vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir, **planned)
-    overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
+        config = job.load_config(FLAGS.fdl_config_file)
+        overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
     if FLAGS.eval_on_test is not None:
         job.set_eval_during_training(config, FLAGS.eval_on_test)
+    return config
+
+
+def experiment_graph(exp, graph_overrides: dict[str, str]):
+    """`exp`'s run graph for this command line: data and tokenizer from the flags (and
+    TFDS_DATA_DIR, as the Pax README passes the data), with its --fdl.path overrides."""
+    from experiments import overrides
+
+    # A plan chooses the attention kernel for the GPU it plans for, not for this CPU.
+    planned = {}
+    if FLAGS.mode == "plan":
+        from runner.planning import plan
+
+        planned["plan_for_hopper"] = plan.DEVICE_KINDS.get(FLAGS.plan_device,
+                                                           plan.DEVICE_KINDS["h100"]).hopper
+    config = exp.run_config(
+        data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
+        vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir, **planned)
+    overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
     return config
 
 
@@ -240,8 +249,10 @@ def main(argv: list[str]) -> int:
 
         print(job.describe(exp, config))
     elif FLAGS.mode == "plan":
-        print(plan.report(exp, config, graph_overrides, device=FLAGS.plan_device,
-                          mfu=FLAGS.plan_mfu, device_memory_gb=FLAGS.plan_device_memory_gb))
+        # Re-planned changes keep the command line's graph overrides.
+        print(plan.report(exp, config, lambda variant: experiment_graph(variant, graph_overrides),
+                          device=FLAGS.plan_device, mfu=FLAGS.plan_mfu,
+                          device_memory_gb=FLAGS.plan_device_memory_gb))
     else:
         run_mode(exp, config)
     return 0

@@ -12,10 +12,11 @@
     launch/     the launcher: flags' options and an experiment in, a run spec out, wired
                 to training or inference
 
-Layering (tests/test_layering.py walks every import): main.py -> launch -> planning ->
-experiments -> (training, inference) -> state -> cluster -> (layers, tasks) -> core. A
-package imports only itself and packages below it. The experiment object stops at the
-launcher; the runtime sees a RunSpec.
+Layering (tests/test_layering.py walks every import): main.py -> launch -> experiments ->
+planning -> (training, inference) -> state -> cluster -> (layers, tasks) -> core. A
+package imports only itself and packages below it, so runner/ as a whole imports
+experiments/ nowhere and tasks/ nowhere (tasks/ builds on core/). The experiment object
+stops at the launcher; the runtime sees a RunSpec.
 
 The packages that build on praxis (state and above) apply the praxis compat patches when
 imported (layers/praxis_compat.py), so their modules may import praxis.

@@ -23,13 +23,12 @@ import functools
 
 import fiddle as fdl
 
-from runner.core.data import DataSettings, Tokenizer
+from runner.core.data import DataSettings
 from runner.core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
-from tasks.lambada import lambada_batches, read_lambada
-from tasks.tokenizer import load_tokenizer
-from tasks.vocab import check_vocab_size
+from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
+from tasks.text import TextFiles
 
 _REGISTRY: dict[str, type] = {}
 
@@ -56,29 +55,15 @@ def lookup(name: str):
     return _REGISTRY[name]()
 
 
-def vocabulary(*, vocab_path, vocab_size: int) -> Tokenizer:
-    """The tokenizer at `vocab_path` (a SentencePiece .model or a tokenizer.json, chosen by
-    the file), checked against the model's VOCAB_SIZE."""
-    tokenizer = load_tokenizer(vocab_path)
-    check_vocab_size(tokenizer, vocab_size)
-    return tokenizer
-
-
-def lambada_evaluation(settings: DataSettings, data_dir, tokenizer, max_examples: int):
-    """Lambada's last-word accuracy (Pax's LAMBADA eval) over DIR/lambada, as a graph node."""
-    return fdl.Config(
-        evaluations.LambadaEval, name="lambada",
-        make_input=fdl.Partial(LambadaEvalInput, data_dir=data_dir, vocab=tokenizer,
-                               seq_len=settings.seq_len, max_examples=max_examples))
-
-
 # ----- synthetic -------------------------------------------------------------------------
 
 
 @register("synthetic")
 @dataclasses.dataclass(frozen=True)
 class Synthetic:
-    """Generated token ids with learnable structure (tasks/synthetic.py); no tokenizer."""
+    """Generated token ids with learnable structure (tasks/synthetic.py). Its tokenizer is
+    --vocab_path's when one is given (so --mode=decode and export can read and write text
+    for a model trained on ids), else none: prompts and outputs are ids."""
 
     def train_input(self, settings: DataSettings):
         return fdl.Partial(synthetic.SyntheticTrainInput, seq_len=settings.seq_len,
@@ -99,7 +84,10 @@ class Synthetic:
                                    seed=settings.seed + 1_000_003))]
 
     def tokenizer(self, settings: DataSettings):
-        return None
+        if not settings.vocab_path:
+            return None
+        return fdl.Config(vocabulary, vocab_path=settings.vocab_path,
+                          vocab_size=settings.vocab_size)
 
 
 # ----- The Pile layout: pile/ and lambada/ under a directory ------------------------------
@@ -181,14 +169,6 @@ class Sample(_PileLayout):
         return fdl.Config(sample_vocab_path)
 
 
-def required_data_dir(data_dir) -> str:
-    if not data_dir:
-        raise UserError("DATASET='pile' needs --data_dir (or --tfds_data_dir) naming a directory "
-                        "with pile/ and lambada/ (python scripts_gpu/download_the_pile.py "
-                        "--data_dir DIR); --fdl.DATASET=\"sample\" trains on the built-in corpus")
-    return str(data_dir)
-
-
 def sample_data_dir() -> str:
     """The built-in sample corpus (Python's own docs in Pile format), built on first use."""
     return str(sample_corpus.ensure_sample_data()[0])
@@ -209,21 +189,4 @@ def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size,
                          num_batches, process_rows)
 
 
-class LambadaEvalInput:
-    """Lambada test passages as evaluation batches; `examples` keeps them for predictions."""
-
-    def __init__(self, *, data_dir, vocab, seq_len, max_examples, global_batch_size,
-                 process_rows):
-        self.examples = [example for path in layout.lambada_files(data_dir)
-                         for example in read_lambada(path)]
-        if max_examples:
-            self.examples = self.examples[:max_examples]
-        self.vocab, self.seq_len = vocab, seq_len
-        self.global_batch_size, self.process_rows = global_batch_size, process_rows
-
-    def __iter__(self):
-        return lambada_batches(self.examples, self.vocab, self.seq_len, self.global_batch_size,
-                               self.process_rows)
-
-
-from tasks import text  # noqa: E402,F401,I001  (registers "text"; it builds on the above)
+register("text")(TextFiles)  # tasks/text.py: your own files

@@ -31,7 +31,7 @@ class TokenLossEval(Evaluation):
 class LambadaEval(Evaluation):
     """Lambada: a passage is right when every token of its last word is the argmax.
 
-    `make_input` returns a tasks.datasets.LambadaEvalInput, whose `examples` and
+    `make_input` returns a tasks.nodes.LambadaEvalInput, whose `examples` and
     `vocab` the predictions file uses.
     """
 

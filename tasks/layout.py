@@ -20,6 +20,7 @@ from pathlib import Path
 from absl import logging
 
 from runner.core.errors import UserError
+from runner.core.user_cache import user_cache_dir
 from tasks import tfds
 
 PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"
@@ -106,10 +107,3 @@ def default_cache_dir(files) -> Path:
     logging.warning("%s is not writable; caching tokenized data in %s (--cache_dir to choose)",
                     parent, fallback)
     return fallback
-
-
-def user_cache_dir(name: str, environ=None) -> Path:
-    """$XDG_CACHE_HOME/paxloom/NAME (~/.cache/paxloom/NAME without it): where Paxloom keeps
-    what it can rebuild (tokenized data, the sample corpus, compiled programs)."""
-    environ = os.environ if environ is None else environ
-    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paxloom" / name

@@ -8,12 +8,7 @@ line by line. Each line has the amount done, the rate and the time left.
 import sys
 import time
 
-
-def format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+from runner.core.log import format_duration
 
 
 def _amount(value: float, unit: str) -> str:

@@ -30,8 +30,8 @@ import fiddle as fdl
 from runner.core.data import DataSettings
 from runner.core.errors import UserError
 from tasks import evaluations
-from tasks.datasets import lambada_evaluation, register, required_data_dir, vocabulary
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
+from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.text_formats import TextFormat, expand_files
 
 
@@ -56,7 +56,6 @@ def held_out(file_name: str, index: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") < fraction * 2**64
 
 
-@register("text")
 @dataclasses.dataclass(frozen=True)
 class TextFiles:
     """Text files of your own (see the module docstring). Paths are a path, a glob, a

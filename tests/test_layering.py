@@ -16,8 +16,8 @@ LAYERS = [
     ["runner.cluster"],
     ["runner.state"],
     ["runner.training", "runner.inference"],
-    ["experiments"],
     ["runner.planning"],
+    ["experiments"],
     ["runner.launch", "tools"],
     ["main"],
 ]

@@ -118,3 +118,12 @@ def test_bad_text_files_settings_are_one_line():
     with pytest.raises(UserError, match="not both"):
         TextFiles(validation="v.jsonl", validation_fraction=0.1)
     assert dataclasses.replace(TextFiles(train=["a", "b"])).train == ("a", "b")
+
+
+def test_token_id_data_take_the_command_lines_tokenizer(tokenizers):
+    """Synthetic data have no tokenizer, unless --vocab_path names one: then the run graph
+    holds it, and decode and export read and write text with it."""
+    exp = experiments.BaseExperiment(**TINY)
+    assert exp.run_config().tokenizer is None
+    run = pax_fiddle.build(exp.run_config(vocab_path=str(tokenizers["tokenizer.json"])))
+    assert run.tokenizer.path == tokenizers["tokenizer.json"]

@@ -68,8 +68,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
         raise UserError(f"--output={output} exists and is not an empty directory; choose "
                         f"another or remove it")
     model = inference.load(config, job_log_dir, what="export",
-                           restore_checkpoint_step=step, vocab_path=vocab_path,
-                           devices=[_host_device()])
+                           restore_checkpoint_step=step, devices=[_host_device()])
     weights = canonical_weights(jax.device_get(model.params), arch)
     tokenizer = model.tokenizer
     special = {} if tokenizer is None else {"bos_token_id": tokenizer.eos_id,

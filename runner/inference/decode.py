@@ -118,7 +118,7 @@ class DecodeOptions:
     max_decode_steps: int = 64  # --max_decode_steps
     sampling: SamplingOptions = SamplingOptions()  # --temperature, --top_k, --top_p, --decode_seed
     batch_size: int = 16  # --decode_batch_size
-    vocab_path: str | None = None  # --vocab_path: a tokenizer for a run without one
+    vocab_path: str | None = None  # --vocab_path: the launcher builds the graph with it
     restore_checkpoint_dir: str | None = None  # --restore_checkpoint_dir
     restore_checkpoint_step: int | None = None  # --restore_checkpoint_step
 
@@ -133,8 +133,7 @@ def run(config, options: DecodeOptions) -> list[dict]:
     texts = read_prompts(list(options.prompts), options.prompts_file)
     model = inference.load(config, options.job_log_dir, what="--mode=decode",
                            restore_checkpoint_dir=options.restore_checkpoint_dir,
-                           restore_checkpoint_step=options.restore_checkpoint_step,
-                           vocab_path=options.vocab_path)
+                           restore_checkpoint_step=options.restore_checkpoint_step)
     records = continue_prompts(model, texts, max_decode_steps=options.max_decode_steps,
                                options=options.sampling, batch_size=options.batch_size)
     _show(records)

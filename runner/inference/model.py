@@ -23,7 +23,6 @@ from runner.core.data import BATCH_DTYPES, Tokenizer
 from runner.core.errors import UserError
 from runner.state import checkpoints
 from runner.state.train_state import make_init_fn, param_partition_specs
-from tasks import datasets
 
 
 @dataclasses.dataclass
@@ -51,7 +50,7 @@ def describe(config: fdl.Config, what: str) -> architecture.Architecture:
 
 def load(config: fdl.Config, job_log_dir: str, *, what: str,
          restore_checkpoint_dir: str | None = None, restore_checkpoint_step: int | None = None,
-         vocab_path: str | None = None, devices=None) -> InferenceModel:
+         devices=None) -> InferenceModel:
     """The model of the run graph `config` from the latest (or the chosen) checkpoint of
     job_log_dir (or of restore_checkpoint_dir), on the graph's mesh over `devices`
     (default: all). `what` names the caller in errors ("--mode=decode")."""
@@ -63,7 +62,7 @@ def load(config: fdl.Config, job_log_dir: str, *, what: str,
     if source is None:
         raise UserError(f"{what} needs a checkpoint, and {checkpoint_dir} has none; train "
                         f"first (e.g. make run)")
-    tokenizer = load_tokenizer(config, vocab_path, shape.vocab_size)  # before the slow part
+    tokenizer = load_tokenizer(config)  # before the slow part
     model = pax_fiddle.build(config.model)
     mesh_spec = pax_fiddle.build(config.mesh)
     mesh = mesh_lib.create_mesh(mesh_spec.ici_mesh_shape, mesh_spec.dcn_mesh_shape,
@@ -93,13 +92,7 @@ def abstract_params(model, mesh: Mesh, seq_len: int) -> dict:
         params, specs)
 
 
-def load_tokenizer(config: fdl.Config, vocab_path: str | None,
-                   vocab_size: int) -> Tokenizer | None:
+def load_tokenizer(config: fdl.Config) -> Tokenizer | None:
     """The run graph's tokenizer node (`config.tokenizer`), built: exactly what training
-    encoded with. A graph without one reads token ids (synthetic data): then --vocab_path's
-    tokenizer, checked against `vocab_size`, if given; else None."""
-    if config.tokenizer is not None:
-        return pax_fiddle.build(config.tokenizer)
-    if vocab_path:
-        return datasets.vocabulary(vocab_path=vocab_path, vocab_size=vocab_size)
-    return None
+    encoded with; None for a graph of token ids (synthetic data without --vocab_path)."""
+    return None if config.tokenizer is None else pax_fiddle.build(config.tokenizer)

@@ -24,7 +24,6 @@ import numpy as np
 from jax.sharding import Mesh
 from praxis import pax_fiddle
 
-from experiments import overrides
 from runner.cluster import mesh as mesh_lib
 from runner.core import spec
 from runner.core.errors import UserError
@@ -285,19 +284,17 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
             "smaller batch (PERCORE_BATCH_SIZE)": batch, "more FSDP (mesh)": fsdp}
 
 
-def find_changes(exp, p: Plan, budget: int, graph_overrides: dict[str, str], hopper: bool = True
-                 ) -> dict[str, list[Change]]:
+def find_changes(exp, p: Plan, budget: int, variant_graph) -> dict[str, list[Change]]:
     """Per kind, the candidates tried in order, up to and including the first that fits;
-    each keeps the command line's graph overrides."""
+    `variant_graph(experiment)` is a changed experiment's run graph, as the command line
+    would build it (its graph overrides kept)."""
     found = {}
     for kind, candidates in candidate_changes(p).items():
         tried = []
         for changed, cost in candidates:
             try:
                 variant = type(exp)(**{**exp.hyperparameters(), **changed})
-                config = variant.run_config(plan_for_hopper=hopper)
-                overrides.apply_to_graph(config, graph_overrides, variant.hyperparameter_types())
-                change = Change(changed, cost, plan=plan(variant, config))
+                change = Change(changed, cost, plan=plan(variant, variant_graph(variant)))
             except UserError as error:
                 change = Change(changed, cost, error=str(error))
             tried.append(change)
@@ -307,10 +304,11 @@ def find_changes(exp, p: Plan, budget: int, graph_overrides: dict[str, str], hop
     return found
 
 
-def report(exp, config: fdl.Config, graph_overrides: dict[str, str] | None = None, *,
-           device: str = "h100", mfu: float = 0.4, device_memory_gb: float = 0.0) -> str:
-    """The plan of `exp`'s run graph `config` (built with the command line's
-    `graph_overrides`) as text: what `main.py --mode=plan` prints."""
+def report(exp, config: fdl.Config, variant_graph, *, device: str = "h100", mfu: float = 0.4,
+           device_memory_gb: float = 0.0) -> str:
+    """The plan of `exp`'s run graph `config` as text: what `main.py --mode=plan` prints.
+    `variant_graph(experiment)` builds a changed experiment's graph, as the command line
+    built `config`, to re-plan the changes that would fit."""
     if device not in DEVICE_KINDS:
         raise UserError(f"--plan_device={device}: one of {', '.join(DEVICE_KINDS)}")
     if not 0 < mfu <= 1:
@@ -329,8 +327,7 @@ def report(exp, config: fdl.Config, graph_overrides: dict[str, str] | None = Non
         lines.append(f"  {name:<26} {_size(size):>9} usable  {_verdict(p, size)}")
     if not fits(p, budget):
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
-        for kind, tried in find_changes(exp, p, budget, graph_overrides or {},
-                                           chosen.hopper).items():
+        for kind, tried in find_changes(exp, p, budget, variant_graph).items():
             lines += _describe_changes(kind, tried, budget)
     step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
     measured = MEASURED_MFU.get(type(exp).__name__, {}).get(device)

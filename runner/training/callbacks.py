@@ -12,9 +12,8 @@ import jax
 import numpy as np
 
 from runner.core.callbacks import Callback, Request, RunInfo, StepInfo
-from runner.core.log import log
+from runner.core.log import format_duration, log
 from runner.training.summaries import SummaryWriter
-from tasks.progress import format_duration
 
 
 class NonFiniteLossError(RuntimeError):

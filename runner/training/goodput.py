@@ -25,9 +25,8 @@ import sys
 import time
 
 from runner.core.callbacks import Callback, RunInfo, StepInfo
-from runner.core.log import log
+from runner.core.log import format_duration, log
 from runner.training import compile_log
-from tasks.progress import format_duration
 
 PHASES = ("startup", "compile", "productive", "input_wait", "evaluation", "checkpoint")
 _RECORD_BYTES = 2048

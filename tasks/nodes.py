@@ -1,0 +1,52 @@
+"""What several datasets build into their graphs: the checked tokenizer, the required data
+directory, and Lambada's evaluation (Pax's LAMBADA eval) over DIR/lambada."""
+
+import fiddle as fdl
+
+from runner.core.data import DataSettings, Tokenizer
+from runner.core.errors import UserError
+from tasks import evaluations, layout
+from tasks.lambada import lambada_batches, read_lambada
+from tasks.tokenizer import load_tokenizer
+from tasks.vocab import check_vocab_size
+
+
+def vocabulary(*, vocab_path, vocab_size: int) -> Tokenizer:
+    """The tokenizer at `vocab_path` (a SentencePiece .model or a tokenizer.json, chosen by
+    the file), checked against the model's VOCAB_SIZE."""
+    tokenizer = load_tokenizer(vocab_path)
+    check_vocab_size(tokenizer, vocab_size)
+    return tokenizer
+
+
+def lambada_evaluation(settings: DataSettings, data_dir, tokenizer, max_examples: int):
+    """Lambada's last-word accuracy (Pax's LAMBADA eval) over DIR/lambada, as a graph node."""
+    return fdl.Config(
+        evaluations.LambadaEval, name="lambada",
+        make_input=fdl.Partial(LambadaEvalInput, data_dir=data_dir, vocab=tokenizer,
+                               seq_len=settings.seq_len, max_examples=max_examples))
+
+
+def required_data_dir(data_dir) -> str:
+    if not data_dir:
+        raise UserError("DATASET='pile' needs --data_dir (or --tfds_data_dir) naming a directory "
+                        "with pile/ and lambada/ (python scripts_gpu/download_the_pile.py "
+                        "--data_dir DIR); --fdl.DATASET=\"sample\" trains on the built-in corpus")
+    return str(data_dir)
+
+
+class LambadaEvalInput:
+    """Lambada test passages as evaluation batches; `examples` keeps them for predictions."""
+
+    def __init__(self, *, data_dir, vocab, seq_len, max_examples, global_batch_size,
+                 process_rows):
+        self.examples = [example for path in layout.lambada_files(data_dir)
+                         for example in read_lambada(path)]
+        if max_examples:
+            self.examples = self.examples[:max_examples]
+        self.vocab, self.seq_len = vocab, seq_len
+        self.global_batch_size, self.process_rows = global_batch_size, process_rows
+
+    def __iter__(self):
+        return lambada_batches(self.examples, self.vocab, self.seq_len, self.global_batch_size,
+                               self.process_rows)
