@@ -315,6 +315,35 @@ def test_a_failed_save_is_a_user_error_and_keeps_the_previous_checkpoint(
     assert restored.input_state == {"batch_index": 1}
 
 
+@pytest.mark.parametrize("defined_in, reported", [("/site-packages/orbax/checkpoint/io.py", False),
+                                                  ("/home/user/my_writer.py", True)])
+def test_orbax_write_tasks_that_fail_unseen_are_not_reported_twice(defined_in, reported):
+    """A full disk fails several of orbax's write tasks; the first is the UserError, the rest
+    would each print asyncio's "Task exception was never retrieved" traceback."""
+    import asyncio
+    import gc
+    import logging
+
+    namespace = {}
+    exec(compile("async def write():\n    raise OSError(28, 'No space left on device')\n",
+                 defined_in, "exec"), namespace)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        async def leave_a_failed_task():
+            asyncio.ensure_future(namespace["write"]())
+            await asyncio.sleep(0)
+
+        asyncio.run(leave_a_failed_task())
+        gc.collect()
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
+    assert [r.getMessage().startswith("Task exception was never retrieved")
+            for r in records] == ([True] if reported else [])
+
+
 # ----- non-finite losses ---------------------------------------------------------------------
 
 

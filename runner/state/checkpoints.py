@@ -40,14 +40,18 @@ SHAPE_HYPERPARAMETERS = (
 
 
 class _OrbaxSaveErrors(logging.Filter):
-    """Orbax logs a failed background save as several tracebacks; the Checkpointer reports
-    the same failure as one UserError line (naming the step and the intact checkpoint)."""
+    """Orbax logs a failed background save as several tracebacks, and asyncio adds "Task
+    exception was never retrieved" for each of orbax's write tasks that failed after the
+    first; the Checkpointer reports the same failure as one UserError line (naming the step
+    and the intact checkpoint)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+        return not (record.levelno >= logging.ERROR
+                    and ("/orbax/" in record.pathname or "/orbax/" in record.getMessage()))
 
 
 logging.getLogger("absl").addFilter(_OrbaxSaveErrors())
+logging.getLogger("asyncio").addFilter(_OrbaxSaveErrors())
 
 
 def _quiet_closed_event_loop(unraisable, default=sys.unraisablehook) -> None:
