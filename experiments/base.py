@@ -48,6 +48,7 @@ CHOICES = {
     "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
     # layers/attention.py
     "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
+    "LORA_TARGET_LAYERS": ("all", "attention", "mlp"),
 }
 
 
@@ -107,6 +108,21 @@ class BaseExperiment:
     LAMBADA_EVAL: bool = False  # evaluate on Lambada at every eval interval
     EVAL_BATCHES: int = 4  # Pile validation batches per evaluation
     LAMBADA_MAX_EXAMPLES: int = 0  # 0 = the whole Lambada set
+
+    # --- Starting weights (Pax's CheckpointRestoreMixin; runner/state/initial_weights.py) ---
+    # Initialise a new run's parameters from another run's job or checkpoint directory, one
+    # checkpoint step directory, a Hugging Face model directory (config.json + safetensors)
+    # or a Pax checkpoint (checkpoint_XXXXXXXX/); the optimizer starts fresh. Only a run
+    # whose own job directory has no checkpoint reads it: a restart resumes its own.
+    CHECKPOINT_RESTORE_PATH: str | None = None
+    # Regexes over parameter paths ("lm/transformer/x_layers_0/ff_layer/..."): matching
+    # parameters keep their fresh initialisation instead of being read.
+    CHECKPOINT_IGNORE_RULES: list[str] | None = None
+
+    # --- LoRA (Pax's LoRAMixin; layers/lora.py) ---
+    USE_LORA: bool = False  # train only low-rank adapters; the base weights stay frozen
+    LORA_RANK: int = 8
+    LORA_TARGET_LAYERS: str = "all"  # all | attention | mlp
 
     # --- Loop ---
     MAX_STEPS: int = 100
@@ -322,7 +338,7 @@ def _is_hyperparameter_name(name: str) -> bool:
 
 def _type_name(hint) -> str:
     if _optional_of(hint) is not None:
-        return f"{_optional_of(hint).__name__} or None"
+        return f"{_type_name(_optional_of(hint))} or None"
     return str(hint) if typing.get_origin(hint) else hint.__name__
 
 
@@ -337,18 +353,9 @@ def _optional_of(hint):
 
 def _check_value(where: str, name: str, value, hint) -> None:
     """Raise UserError unless `value` fits the declared type (and choices) of `name`."""
-    ok: bool
-    origin = typing.get_origin(hint)
-    if _optional_of(hint) is not None:
-        ok = value is None or _is_instance(value, _optional_of(hint))
-    elif origin is list:
-        (item,) = typing.get_args(hint)
-        ok = isinstance(value, (list, tuple)) and all(_is_instance(v, item) for v in value)
-    else:
-        ok = _is_instance(value, hint)
-    if not ok:
-        example = {int: "8", float: "0.5", bool: "True", str: '"bfloat16"'}.get(
-            _optional_of(hint) or hint, "[1,8,1]")
+    if not _fits(value, hint):
+        example = {int: "8", float: "0.5", bool: "True", str: '"bfloat16"',
+                   list[str]: '["^.*lora.*$"]'}.get(_optional_of(hint) or hint, "[1,8,1]")
         raise UserError(
             f"{where}={value!r} has type {type(value).__name__}, but {name} is "
             f"{_type_name(hint)} (e.g. {example})"
@@ -358,6 +365,16 @@ def _check_value(where: str, name: str, value, hint) -> None:
             f"{where}={value!r} is not one of {', '.join(CHOICES[name])}"
             f"{near_matches(str(value), CHOICES[name])}"
         )
+
+
+def _fits(value, hint) -> bool:
+    """`value` is of the declared type `hint` (T, list[T], or either `| None`)."""
+    if _optional_of(hint) is not None:
+        return value is None or _fits(value, _optional_of(hint))
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, (list, tuple)) and all(_is_instance(v, item) for v in value)
+    return _is_instance(value, hint)
 
 
 def _is_instance(value, hint) -> bool:
