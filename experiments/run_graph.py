@@ -66,6 +66,9 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         make_train_input=exp.train_dataset(settings),
         evals=exp.evaluations(settings),
         tokenizer=exp.dataset().tokenizer(settings),
+        initial_weights=None if exp.CHECKPOINT_RESTORE_PATH is None else fdl.Config(
+            spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH,
+            ignore_rules=list(exp.CHECKPOINT_IGNORE_RULES or [])),
     )
 
 

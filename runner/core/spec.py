@@ -83,6 +83,16 @@ class Evaluation:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitialWeights:
+    """Where a new run's parameters come from instead of their initialisation (Pax's
+    init_from_checkpoint_rules): a checkpoint path, and regexes over parameter paths that
+    keep their fresh initialisation (runner/state/initial_weights.py)."""
+
+    path: str
+    ignore_rules: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
     name: str
     model: Any  # praxis LanguageModel (unbound flax module)
@@ -98,3 +108,4 @@ class RunSpec:
     # The text tokenizer (runner.core.data.Tokenizer) the data are encoded with, the same
     # object decode and export use; None when the data are token ids (synthetic).
     tokenizer: Any = None
+    initial_weights: InitialWeights | None = None  # None: initialised from RANDOM_SEED
