@@ -66,10 +66,23 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         make_train_input=exp.train_dataset(settings),
         evals=exp.evaluations(settings),
         tokenizer=exp.dataset().tokenizer(settings),
-        initial_weights=None if exp.CHECKPOINT_RESTORE_PATH is None else fdl.Config(
-            spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH,
-            ignore_rules=list(exp.CHECKPOINT_IGNORE_RULES or [])),
+        initial_weights=_initial_weights(exp),
     )
+
+
+# What a LoRA run never reads from its starting checkpoint: the adapters start at zero.
+LORA_IGNORE_RULE = r"^.*lora.*$"
+
+
+def _initial_weights(exp) -> fdl.Config | None:
+    """CHECKPOINT_RESTORE_PATH and its ignore rules, plus Pax LoRAMixin's rule for the
+    adapters (Pax replaces the rules with it; here a user's own rules still apply)."""
+    if not exp.CHECKPOINT_RESTORE_PATH:
+        return None
+    rules = list(exp.CHECKPOINT_IGNORE_RULES or [])
+    if exp.USE_LORA and LORA_IGNORE_RULE not in rules:
+        rules.append(LORA_IGNORE_RULE)
+    return fdl.Config(spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH, ignore_rules=rules)
 
 
 def _with_attention_impl(exp, model, plan_for_hopper: bool | None):

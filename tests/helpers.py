@@ -1,5 +1,8 @@
 """Shared helpers for tests that build a real Trainer on the 8 fake CPU devices."""
 
+import hashlib
+import os
+
 import jax
 from praxis import pax_fiddle
 
@@ -38,3 +41,10 @@ def run_steps(trainer, steps: int):
 
 def train_losses(trainer, steps: int) -> list[float]:
     return run_steps(trainer, steps)[0]
+
+
+def tree_digest(directory) -> dict:
+    """{relative path: sha256} of every file under `directory`: proof nothing was written."""
+    return {os.path.relpath(os.path.join(root, name), directory):
+            hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest()
+            for root, _, names in os.walk(directory) for name in names}

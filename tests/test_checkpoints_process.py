@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from runner.state import checkpoints
+from tests.helpers import tree_digest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # one main.py run; 10-40 s on 2 idle cores
@@ -133,6 +134,28 @@ def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_pa
     steps = list(range(1, RESUMABLE["MAX_STEPS"] + 1))
     assert [s for s, _ in reference] == steps and [s for s, _ in losses] == steps
     assert [v for s, v in losses if s > restored] == [v for s, v in reference if s > restored]
+
+
+def test_a_run_from_checkpoint_restore_path_killed_resumes_its_own_checkpoints(tmp_path, env):
+    """CHECKPOINT_RESTORE_PATH seeds a new job once: after kill -9 the same command resumes
+    the job's own checkpoint (never re-initialising over it), and the source is unchanged."""
+    source = tmp_path / "source"
+    run(source, env, MAX_STEPS=2)
+    before = tree_digest(source / "checkpoints")
+    job = tmp_path / "job"
+    hparams = dict(RESUMABLE, MAX_STEPS=8, CHECKPOINT_RESTORE_PATH=str(source))
+    proc = start(job, env, **hparams)
+    wait_for(lambda: (job / "checkpoints" / "4").is_dir(), proc, "checkpoint 4")
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    first = (job / "stdout.txt").read_text()
+    assert "parameters from checkpoint step 2 of " in first
+    killed_at = checkpoints.latest_step(str(job / "checkpoints"))
+    out = run(job, env, **hparams)[len(first):]
+    assert f"restored step {killed_at} from {job}/checkpoints/{killed_at}" in out
+    assert "initialised" not in out
+    assert checkpoints.latest_step(str(job / "checkpoints")) == 8
+    assert tree_digest(source / "checkpoints") == before
 
 
 def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, env):

@@ -13,7 +13,7 @@ from praxis import pax_fiddle
 from runner.cluster import mesh as mesh_lib
 from runner.core.errors import UserError
 from runner.core.log import log
-from runner.state import checkpoints
+from runner.state import checkpoints, initial_weights
 from runner.training import goodput, preemption, profiling, summaries
 from runner.training.callbacks import CallbackList, ConsoleSummaries, TensorBoard
 from runner.training.trainer import Trainer
@@ -174,6 +174,11 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
             state, input_state, start_step = restored.state, restored.input_state, restored.step
             log(f"restored step {restored.step} from {restored.path}")
             resumed_step = restored.step if source[0] == checkpoint_dir else None
+        elif run_spec.initial_weights is not None:  # a new run from trained weights
+            state = trainer.init_state()
+            state["params"] = initial_weights.load(
+                run_spec.initial_weights, state["params"], trainer.abstract_state["params"],
+                config.model)
         if _is_primary():  # only once training is sure to start: a refused run records nothing
             record_config(job_log_dir, exp, config, resumed_step)
         if options.wandb_project and _is_primary():
@@ -214,14 +219,24 @@ def _evaluate(exp, config, run_spec, mesh, source, options: RunOptions):
     if not run_spec.evals:
         raise UserError(f"{run_spec.name} has no evaluation sets; set --fdl.EVAL_BATCHES "
                         f"or --fdl.LAMBADA_EVAL=True")
-    if source is None:
+    if source is None and run_spec.initial_weights is not None:
+        # Pax's EVAL_ONLY: the starting weights themselves (an imported model, zero-shot).
+        abstract = trainer.abstract_state["params"]
+        params = initial_weights.load(run_spec.initial_weights, trainer.init_state()["params"],
+                                      abstract, config.model)
+        log(f"evaluating the starting weights ({run_spec.initial_weights.path})")
+        step = 0
+    elif source is None:
         raise UserError(f"--mode=eval evaluates a checkpoint, and {checkpoint_dir} has none; "
-                        f"train first, or pass --restore_checkpoint_dir")
-    restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
-                        checkpoint_dir, params_only=True)
-    log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
-        f"from {restored.path}")
-    return trainer.evaluate(restored.state["params"], restored.step,
+                        f"train first, or pass --restore_checkpoint_dir or "
+                        f"--fdl.CHECKPOINT_RESTORE_PATH")
+    else:
+        restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
+                            checkpoint_dir, params_only=True)
+        log(f"evaluating step {restored.step} ({restored.metadata.get('experiment', '?')}) "
+            f"from {restored.path}")
+        params, step = restored.state["params"], restored.step
+    return trainer.evaluate(params, step,
                             predictions_dir=options.job_log_dir,
                             callbacks=CallbackList([TensorBoard(options.job_log_dir)]))
 

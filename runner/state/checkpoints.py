@@ -87,14 +87,15 @@ def _handlers() -> dict:
     }
 
 
-def _path_str(path) -> str:
+def param_path(path) -> str:
+    """A parameter's path in a tree as checkpoints and errors name it: "lm/final_ln/scale"."""
     return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 def param_shapes(params) -> dict[str, dict]:
     """{'lm/softmax/embedding/w': {'shape': [V, D], 'dtype': 'float32'}, ...} of a (abstract) tree."""
     return {
-        _path_str(path): {"shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+        param_path(path): {"shape": list(leaf.shape), "dtype": str(leaf.dtype)}
         for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
     }
 
@@ -178,11 +179,11 @@ def _check_shapes(directory: str, step: int, saved_params, abstract_params) -> N
 
     Dtypes may differ: orbax casts on restore, as a change of parameter dtype intends.
     """
-    saved = {_path_str(p): leaf.shape
+    saved = {param_path(p): leaf.shape
              for p, leaf in jax.tree_util.tree_flatten_with_path(saved_params)[0]}
     where = f"checkpoint {os.path.join(directory, str(step))}"
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
-        name = _path_str(path)
+        name = param_path(path)
         if name not in saved:
             raise UserError(f"{where} has no parameter {name} {tuple(leaf.shape)}: it holds "
                             f"another model; check the shape hyperparameters (NUM_LAYERS, ...)")
@@ -190,7 +191,7 @@ def _check_shapes(directory: str, step: int, saved_params, abstract_params) -> N
             raise UserError(f"{where} holds parameter {name} with shape {tuple(saved[name])}, "
                             f"but this model's is {tuple(leaf.shape)}: it is another model; "
                             f"check the shape hyperparameters (MODEL_DIMS, HIDDEN_DIMS, ...)")
-    extra = sorted(set(saved) - {_path_str(p) for p, _ in
+    extra = sorted(set(saved) - {param_path(p) for p, _ in
                                  jax.tree_util.tree_flatten_with_path(abstract_params)[0]})
     if extra:
         raise UserError(f"{where} holds parameter {extra[0]} {tuple(saved[extra[0]])}, which "
@@ -311,6 +312,36 @@ def restore(directory: str, step: int | None, abstract_state: dict, *,
             raise BrokenCheckpointError(directory, step, error) from None
     return Restored(step=step, path=os.path.join(directory, str(step)), state=restored["state"],
                     input_state=restored["input"], metadata=restored["metadata"] or {})
+
+
+def saved_param_shapes(directory: str, step: int) -> dict[str, tuple[int, ...]]:
+    """{parameter path: shape} of a checkpoint's parameters, read from its metadata."""
+    with _reader(directory) as manager:
+        try:
+            with _orbax_warnings_off():
+                saved = manager.item_metadata(step)["state"]
+        except Exception as error:
+            raise BrokenCheckpointError(directory, step, error) from None
+    if saved is None:
+        raise BrokenCheckpointError(directory, step, FileNotFoundError("no state metadata"))
+    return {param_path(path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(saved["params"])[0]}
+
+
+def restore_params(directory: str, step: int, abstract_params: dict) -> dict:
+    """The parameters of a checkpoint that `abstract_params` names (a subset of the saved
+    tree is fine), read straight into its shardings; nothing else is read."""
+    target = {"params": abstract_params}
+    with _reader(directory) as manager:
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=target,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    partial_restore=True)))
+        except Exception as error:
+            raise BrokenCheckpointError(directory, step, error) from None
+    return restored["state"]["params"]
 
 
 def load_numpy(directory: str, step: int | None = None) -> tuple[int, dict]:

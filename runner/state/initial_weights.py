@@ -1,0 +1,181 @@
+"""A new run's parameters from trained weights: CHECKPOINT_RESTORE_PATH, Pax's
+`init_from_checkpoint_rules` with its `load_rules=[("(.*)", "{}")]`.
+
+The path may be another Paxloom run (its job directory, its checkpoints/ directory, or
+one step's directory), a Hugging Face model directory (config.json + safetensors,
+runner/state/hf_format.py) or a Pax checkpoint (checkpoint_XXXXXXXX/,
+runner/state/pax_format.py). Every parameter of this run's model is read from it, in
+the layout of this run's mesh, except those an ignore rule matches: they keep their
+fresh initialisation (LoRA adapters, a new output layer). Only parameters are read; the
+optimizer starts fresh, at step 0.
+
+Ignore rules are regexes matched, as Pax matches them, from the start of a parameter's
+path in either spelling: Pax's `params/lm/transformer/x_layers_0/...` or Paxloom's
+`lm/transformer/x_layers_0/...` (the path checkpoints, the planner and errors print).
+
+Nothing here writes: the source is opened read-only, and the new run's checkpoints go to
+its own job directory (runner/launch/job.py decides when a run starts from here: only
+while that directory holds no checkpoint of its own).
+"""
+
+import os
+import re
+
+import jax
+import numpy as np
+
+from runner.core.errors import UserError
+from runner.core.log import log
+from runner.core.spec import InitialWeights
+from runner.state import checkpoints
+
+FLAG = "CHECKPOINT_RESTORE_PATH"
+
+
+def _flat(tree) -> dict:
+    return {checkpoints.param_path(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _compile(rules: list[str]) -> list[re.Pattern]:
+    compiled = []
+    for rule in rules:
+        try:
+            compiled.append(re.compile(rule))
+        except re.error as error:
+            raise UserError(f"CHECKPOINT_IGNORE_RULES: {rule!r} is not a regular expression "
+                            f"({error})") from None
+    return compiled
+
+
+def _matches(rule: re.Pattern, name: str) -> bool:
+    return bool(rule.match(name) or rule.match(f"params/{name}"))
+
+
+def skip_rule(name: str) -> str:
+    """The rule that skips exactly parameter `name`: the one errors suggest."""
+    return f"^{re.escape(name)}$"
+
+
+class _Source:
+    """One checkpoint to read parameters from: its kind, where, and what it holds."""
+
+    def __init__(self, path: str, model_config):
+        self.path, self.model_config = path, model_config
+        if not os.path.exists(path):
+            raise UserError(f"{FLAG}={path}: no such file or directory; pass a run's "
+                            f"job_log_dir, a checkpoint directory, a Hugging Face model "
+                            f"directory or a Pax checkpoint")
+        self.directory, self.step = _paxloom_checkpoint(path)
+        self._reader = None
+        if self.step is not None:
+            self.kind = f"checkpoint step {self.step} of {self.directory}"
+            return
+        from runner.state import hf_format, pax_format
+
+        if hf_format.is_hf_model_dir(path):
+            self.kind = f"Hugging Face model {path}"
+            self._reader = hf_format
+        elif pax_format.is_pax_checkpoint(path):
+            self.kind = f"Pax checkpoint {path}"
+            self._reader = pax_format
+        else:
+            raise UserError(f"{FLAG}={path} is neither a Paxloom run or checkpoint, a Hugging "
+                            f"Face model directory (config.json + *.safetensors) nor a Pax "
+                            f"checkpoint (checkpoint_XXXXXXXX/)")
+
+    def read(self, abstract_params: dict, wanted: list[str]) -> dict:
+        """{path: array laid out as abstract_params' leaf} for every name in `wanted`;
+        UserError naming the first parameter the source lacks or holds in another shape."""
+        targets = _flat(abstract_params)
+        if self._reader is None:
+            shapes = checkpoints.saved_param_shapes(self.directory, self.step)
+            self._check(shapes, targets, wanted)
+            subset = _unflatten({name: targets[name] for name in wanted})
+            return _flat(checkpoints.restore_params(self.directory, self.step, subset))
+        from layers import architecture
+
+        try:
+            arch = architecture.describe(self.model_config)
+        except architecture.UnsupportedModel as error:
+            raise UserError(f"{FLAG}: cannot map {self.kind} onto this model: {error}") from None
+        if hasattr(self._reader, "check_config"):
+            self._reader.check_config(self.path, arch)
+        arrays = self._reader.read_params(self.path, arch, abstract_params)
+        self._check({k: tuple(v.shape) for k, v in arrays.items()}, targets, wanted)
+        return {name: _place(arrays[name], targets[name]) for name in wanted}
+
+    def _check(self, shapes: dict, targets: dict, wanted: list[str]) -> None:
+        for name in wanted:
+            shape = tuple(targets[name].shape)
+            if name not in shapes:
+                raise UserError(
+                    f"{FLAG}: {self.kind} has no parameter {name} {shape}; to keep its fresh "
+                    f"initialisation, pass --fdl.CHECKPOINT_IGNORE_RULES='[\"{skip_rule(name)}\"]'")
+            if tuple(shapes[name]) != shape:
+                raise UserError(
+                    f"{FLAG}: {self.kind} holds {name} with shape {tuple(shapes[name])}, this "
+                    f"model's is {shape}: check the shape hyperparameters, or keep it freshly "
+                    f"initialised with --fdl.CHECKPOINT_IGNORE_RULES='[\"{skip_rule(name)}\"]'")
+
+
+def _paxloom_checkpoint(path: str) -> tuple[str | None, int | None]:
+    """(checkpoint directory, step) when `path` is a Paxloom run, its checkpoints/ or one
+    step's directory; (None, None) otherwise."""
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        path = os.path.join(path, "checkpoints")
+    name = os.path.basename(path.rstrip("/"))
+    if name.isdigit() and os.path.isdir(os.path.join(path, "state")):
+        directory, step = os.path.dirname(path), int(name)
+        if step not in checkpoints.all_steps(directory):
+            raise UserError(f"{FLAG}={path} is an incomplete checkpoint (a save cut short); "
+                            f"pass a complete step of {directory}")
+        return directory, step
+    if not os.path.isdir(path) or not any(n.isdigit() for n in os.listdir(path)):
+        return None, None
+    step = checkpoints.latest_step(path)
+    if step is None:
+        raise UserError(f"{FLAG}={path} holds no complete checkpoint")
+    return path, step
+
+
+def _unflatten(flat: dict) -> dict:
+    tree: dict = {}
+    for name, leaf in flat.items():
+        *parents, last = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = leaf
+    return tree
+
+
+def _place(array: np.ndarray, like) -> jax.Array:
+    """A host array as a global array with `like`'s dtype and sharding; each process puts
+    only its own devices' blocks."""
+    array = np.asarray(array, like.dtype)
+    return jax.make_array_from_callback(array.shape, like.sharding, lambda index: array[index])
+
+
+def load(initial: InitialWeights, params: dict, abstract_params: dict, model_config) -> dict:
+    """`params` (freshly initialised, laid out as `abstract_params`) with every parameter
+    that no ignore rule matches replaced by the source's; `model_config` is the run's
+    praxis model config, for sources in another layout."""
+    rules = _compile(initial.ignore_rules)
+    names = list(_flat(abstract_params))
+    for rule in rules:
+        if not any(_matches(rule, name) for name in names):
+            raise UserError(f"CHECKPOINT_IGNORE_RULES: {rule.pattern!r} matches no parameter "
+                            f"of this model (paths look like {names[0]})")
+    kept = [name for name in names if any(_matches(rule, name) for rule in rules)]
+    wanted = [name for name in names if name not in kept]
+    source = _Source(initial.path, model_config)
+    loaded = source.read(abstract_params, wanted)
+    fresh, treedef = jax.tree_util.tree_flatten_with_path(params)
+    merged = jax.tree_util.tree_unflatten(treedef, [
+        loaded.get(checkpoints.param_path(path), leaf) for path, leaf in fresh])
+    log(f"initialised {len(wanted)} of {len(names)} parameters from {source.kind}"
+        + (f"; {len(kept)} keep their initialisation (CHECKPOINT_IGNORE_RULES)" if kept else "")
+        + "; the optimizer starts fresh")
+    return merged
