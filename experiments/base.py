@@ -12,6 +12,7 @@ It reads the experiment and never mutates it.
 """
 
 import math
+import os
 import types
 import typing
 
@@ -218,6 +219,9 @@ class BaseExperiment:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise UserError(f"{name}={value} must be a probability in [0, 1)")
+        if self.USE_LORA and self.LORA_RANK < 1:
+            raise UserError(f"LORA_RANK={self.LORA_RANK} must be >= 1 (USE_LORA=False turns "
+                            f"LoRA off)")
         if type(self).dataset is BaseExperiment.dataset:
             self.dataset()  # an unregistered DATASET fails now, with its near match
 
@@ -286,8 +290,14 @@ class BaseExperiment:
 
     def data_settings(self, data_dir: str | None = None, vocab_path: str | None = None,
                       cache_dir: str | None = None) -> "data.DataSettings":
-        """The hyperparameters a dataset reads, and where the flags say data live."""
+        """The hyperparameters a dataset reads, and where the flags say data live. Without
+        a --vocab_path, a run that starts from a Hugging Face model directory encodes with
+        that model's own tokenizer.json."""
         from runner.core import data
+
+        if vocab_path is None and self.CHECKPOINT_RESTORE_PATH:
+            model_tokenizer = os.path.join(self.CHECKPOINT_RESTORE_PATH, "tokenizer.json")
+            vocab_path = model_tokenizer if os.path.isfile(model_tokenizer) else None
 
         return data.DataSettings(
             seq_len=self.MAX_SEQ_LEN, vocab_size=self.VOCAB_SIZE,

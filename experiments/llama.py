@@ -150,3 +150,107 @@ class LlamaTiny(LlamaBase):
     SUMMARY_INTERVAL_STEPS = 50
     EVAL_INTERVAL_STEPS = 200
     CHECKPOINT_EVERY_N_STEPS = 200
+
+
+# ----- Pax's LLaMA experiments (paxml/contrib/gpu/scripts_gpu/configs.py) --------------------
+
+
+@register
+class LLaMA7B(LlamaBase):
+    """Pax's LLaMA7B: fine-tune LLaMA(-2) 7B, with LoRA or fully, and evaluate on BoolQ.
+
+    Values are the Pax GPU configs' (configs.py LLaMA7B over llama_utils.BaseLLaMA, c4's
+    TransformerLmSpmdAdam, tasks.BoolQDataset, LoRAMixin, CheckpointRestoreMixin); what
+    differs, and why, is listed in the README ("Pax's LLaMA experiments"). Start from a
+    Hugging Face or Pax checkpoint:
+
+    python main.py --fdl_config=experiments.LLaMA7B --fdl.CHECKPOINT_RESTORE_PATH=hf/llama-2-7b --fdl.USE_LORA=True --data_dir=data --job_log_dir=runs/llama7b-boolq
+    """
+
+    NUM_LAYERS = 32
+    VOCAB_SIZE = 32000
+    DIMS_PER_HEAD = 128
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 32  # Pax: USE_MQA = False
+    MODEL_DIMS = 4096
+    HIDDEN_DIMS = 11008
+    PERCORE_BATCH_SIZE = 16
+    ICI_MESH_SHAPE = [1, 8, 1]
+    DCN_MESH_SHAPE = [1, 1, 1]
+    # BaseLLaMA
+    FPROP_DTYPE = "bfloat16"
+    LAYERNORM_EPSILON = 1e-5  # RMS_NORM_EPSILON
+    PACKED_INPUT = False
+    # BoolQDataset
+    DATASET = "boolq"
+    MAX_SEQ_LEN = 4096
+    # TransformerLmSpmdAdafactor / TransformerLmSpmdAdam (c4.py)
+    USE_REPEATED_LAYER = False
+    CHECKPOINT_POLICY = "save_nothing"
+    LEARNING_RATE = 1e-3
+    ADAM_BETA1 = 0.9
+    ADAM_BETA2 = 0.99
+    ADAM_EPSILON = 1e-6
+    WEIGHT_DECAY = 1e-3
+    CLIP_GRADIENT_NORM_TO_VALUE = 5.0
+    LR_COS_WARMUP = 4000
+    LR_COS_DECAY_START = 4001
+    LR_COS_DECAY_END = 300000
+    LR_COS_MIN_RATIO = 0.1
+    SUMMARY_INTERVAL_STEPS = 100
+    EVAL_INTERVAL_STEPS = 100
+    CHECKPOINT_EVERY_N_STEPS = 5000
+    CHECKPOINT_MAX_TO_KEEP = 10
+    # Pax's are evaluation-only (MAX_STEPS = 0); run_llama_boolq.sh trains 600 LoRA steps.
+    MAX_STEPS = 600
+    # LoRAMixin
+    USE_LORA = False
+    LORA_RANK = 8
+    LORA_TARGET_LAYERS = "all"
+
+    def dataset(self):
+        """BoolQ rows start with LLaMA's BOS (BaseLLaMA's BOS_ID = 1), as Pax's do."""
+        import dataclasses
+
+        from tasks.boolq import BoolQ
+
+        dataset = super().dataset()
+        return dataclasses.replace(dataset, bos_id=1) if isinstance(dataset, BoolQ) else dataset
+
+
+@register
+class LLaMA13B(LLaMA7B):
+    """Pax's LLaMA13B (LLaMA 13B; otherwise as LLaMA7B).
+
+    python main.py --fdl_config=experiments.LLaMA13B --fdl.CHECKPOINT_RESTORE_PATH=hf/llama-2-13b --fdl.USE_LORA=True --data_dir=data --job_log_dir=runs/llama13b-boolq
+    """
+
+    NUM_LAYERS = 40
+    VOCAB_SIZE = 32000
+    DIMS_PER_HEAD = 128
+    NUM_HEADS = 40
+    NUM_KV_HEADS = 40
+    MODEL_DIMS = 5120
+    HIDDEN_DIMS = 13824
+    PERCORE_BATCH_SIZE = 8
+    ICI_MESH_SHAPE = [1, 8, 1]
+    DCN_MESH_SHAPE = [1, 1, 1]
+
+
+@register
+class LLaMA70B(LLaMA7B):
+    """Pax's LLaMA70B (LLaMA-2 70B: 64 query heads over 8 key/value heads), on two nodes.
+
+    python main.py --fdl_config=experiments.LLaMA70B --fdl.CHECKPOINT_RESTORE_PATH=hf/llama-2-70b --fdl.USE_LORA=True --data_dir=data --job_log_dir=runs/llama70b-boolq
+    """
+
+    NUM_LAYERS = 80
+    VOCAB_SIZE = 32000
+    DIMS_PER_HEAD = 128
+    NUM_HEADS = 64
+    NUM_KV_HEADS = 8  # Pax: USE_MQA = True, NUM_KV_HEADS = 8
+    MODEL_DIMS = 8192
+    HIDDEN_DIMS = 28672
+    PERCORE_BATCH_SIZE = 4
+    ICI_MESH_SHAPE = [1, 8, 1]
+    DCN_MESH_SHAPE = [1, 2, 1]

@@ -48,8 +48,8 @@ def literal(flag: str, raw: str, bare_word_ok: bool):
 
 
 def hyperparameter_values(overrides: dict[str, str], declared: dict[str, type]) -> dict:
-    """Raw strings -> Python values. A bare word is accepted for str hyperparameters."""
-    return {name: literal(f"--fdl.{name}", raw, declared.get(name) is str)
+    """Raw strings -> Python values. A bare word (a path) is accepted for str hyperparameters."""
+    return {name: literal(f"--fdl.{name}", raw, declared.get(name) in (str, str | None))
             for name, raw in overrides.items()}
 
 

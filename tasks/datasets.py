@@ -26,6 +26,7 @@ import fiddle as fdl
 from runner.core.data import DataSettings
 from runner.core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
+from tasks.boolq import BoolQ
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.text import TextFiles
@@ -190,3 +191,4 @@ def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size,
 
 
 register("text")(TextFiles)  # tasks/text.py: your own files
+register("boolq")(BoolQ)  # tasks/boolq.py: BoolQ yes/no questions, as Pax's Llama experiments

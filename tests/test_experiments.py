@@ -115,6 +115,53 @@ def test_print_config_shows_the_reference_values(capsys):
     assert "scale_sqrt_depth: bool = False" in text and "combine_qkv: bool = True" in text
 
 
+# Literals from paxml's configs.py (LLaMA7B, LLaMA13B, LLaMA70B) and what they inherit:
+# llama_utils.BaseLLaMA, c4.TransformerLmSpmdAdam (over TransformerLmSpmdAdafactor),
+# tasks.BoolQDataset, lora_utils.LoRAMixin, checkpoint_utils.CheckpointRestoreMixin.
+REFERENCE_LLAMA = {
+    "LLaMA7B": dict(NUM_LAYERS=32, MODEL_DIMS=4096, NUM_HEADS=32, NUM_KV_HEADS=32,
+                    HIDDEN_DIMS=11008, PERCORE_BATCH_SIZE=16, DCN_MESH_SHAPE=[1, 1, 1]),
+    "LLaMA13B": dict(NUM_LAYERS=40, MODEL_DIMS=5120, NUM_HEADS=40, NUM_KV_HEADS=40,
+                     HIDDEN_DIMS=13824, PERCORE_BATCH_SIZE=8, DCN_MESH_SHAPE=[1, 1, 1]),
+    "LLaMA70B": dict(NUM_LAYERS=80, MODEL_DIMS=8192, NUM_HEADS=64, NUM_KV_HEADS=8,
+                     HIDDEN_DIMS=28672, PERCORE_BATCH_SIZE=4, DCN_MESH_SHAPE=[1, 2, 1]),
+}
+REFERENCE_LLAMA_SHARED = dict(
+    VOCAB_SIZE=32000, DIMS_PER_HEAD=128, ICI_MESH_SHAPE=[1, 8, 1], FPROP_DTYPE="bfloat16",
+    LAYERNORM_EPSILON=1e-5, PACKED_INPUT=False, MAX_SEQ_LEN=4096, DATASET="boolq",
+    USE_REPEATED_LAYER=False, CHECKPOINT_POLICY="save_nothing", LEARNING_RATE=1e-3,
+    ADAM_BETA1=0.9, ADAM_BETA2=0.99, ADAM_EPSILON=1e-6, WEIGHT_DECAY=1e-3,
+    CLIP_GRADIENT_NORM_TO_VALUE=5.0, LR_COS_WARMUP=4000, LR_COS_DECAY_START=4001,
+    LR_COS_DECAY_END=300000, LR_COS_MIN_RATIO=0.1, SUMMARY_INTERVAL_STEPS=100,
+    EVAL_INTERVAL_STEPS=100, CHECKPOINT_EVERY_N_STEPS=5000, CHECKPOINT_MAX_TO_KEEP=10,
+    USE_LORA=False, LORA_RANK=8, LORA_TARGET_LAYERS="all", CHECKPOINT_RESTORE_PATH=None,
+    CHECKPOINT_IGNORE_RULES=None)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_LLAMA))
+def test_pax_llama_experiments_print_the_reference_values(name):
+    from praxis.layers import multi_query_attention, normalizations
+
+    from layers.stack import transformer_layer_template
+    from runner.launch.job import describe
+
+    exp = experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}")()
+    assert type(exp) is experiments.resolve(f"experiments.{name}")
+    config = exp.run_config()
+    text = describe(exp, config)  # what --print_config prints
+    for key, value in {**REFERENCE_LLAMA_SHARED, **REFERENCE_LLAMA[name]}.items():
+        assert f"{key} = {value!r}" in text.splitlines(), f"{name}.{key}"
+    layer = transformer_layer_template(config.model.lm_tpl.stacked_transformer_tpl)
+    assert layer.ln_tpl.cls is normalizations.RmsNorm and layer.ln_tpl.epsilon == 1e-5
+    assert config.model.lm_tpl.packed_input is False
+    grouped = issubclass(layer.tr_atten_tpl.cls, multi_query_attention.MultiQueryDotProductAttention)
+    assert grouped == (name == "LLaMA70B")
+    if grouped:
+        assert layer.tr_atten_tpl.num_kv_heads == 8
+    else:
+        assert layer.tr_atten_tpl.combine_qkv is True
+
+
 def test_every_experiment_documents_its_command():
     for name, cls in experiments.registered().items():
         assert "python main.py --fdl_config=experiments." + name in (cls.__doc__ or ""), name
