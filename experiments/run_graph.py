@@ -7,7 +7,7 @@ writes it to job_log_dir and `--print_config` shows it.
 import fiddle as fdl
 import jax
 
-from layers import attention
+from layers import attention, lora
 from layers.stack import transformer_layer_template
 from runner.core import spec
 from runner.core.errors import UserError
@@ -21,9 +21,10 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
                       dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; sharding for the mesh comes last, once.
-    model = partitioning.shard_model(_with_attention_impl(exp, exp.model_template(),
-                                                                         plan_for_hopper),
-                                     spec.mesh_size(mesh))
+    model = _with_attention_impl(exp, exp.model_template(), plan_for_hopper)
+    if exp.USE_LORA:
+        model = _with_lora(exp, model)
+    model = partitioning.shard_model(model, spec.mesh_size(mesh))
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
         learning_rate=exp.LEARNING_RATE,
@@ -41,6 +42,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         weight_decay=exp.WEIGHT_DECAY,
         clip_gradient_norm_to_value=exp.CLIP_GRADIENT_NORM_TO_VALUE,
     )
+    if exp.USE_LORA:  # only the adapters train: no moments, clipping or decay for the rest
+        opt = fdl.Config(optimizer.train_only, tx=opt, trainable=lora.ADAPTER_RULE)
     settings = exp.data_settings(data_dir=data_dir, vocab_path=vocab_path, cache_dir=cache_dir)
     return fdl.Config(
         spec.RunSpec,
@@ -70,19 +73,24 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     )
 
 
-# What a LoRA run never reads from its starting checkpoint: the adapters start at zero.
-LORA_IGNORE_RULE = r"^.*lora.*$"
-
-
 def _initial_weights(exp) -> fdl.Config | None:
     """CHECKPOINT_RESTORE_PATH and its ignore rules, plus Pax LoRAMixin's rule for the
     adapters (Pax replaces the rules with it; here a user's own rules still apply)."""
     if not exp.CHECKPOINT_RESTORE_PATH:
         return None
     rules = list(exp.CHECKPOINT_IGNORE_RULES or [])
-    if exp.USE_LORA and LORA_IGNORE_RULE not in rules:
-        rules.append(LORA_IGNORE_RULE)
+    if exp.USE_LORA and lora.ADAPTER_RULE not in rules:  # the adapters start at zero
+        rules.append(lora.ADAPTER_RULE)
     return fdl.Config(spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH, ignore_rules=rules)
+
+
+def _with_lora(exp, model):
+    """The template with LORA_RANK adapters on LORA_TARGET_LAYERS (layers/lora.py); like
+    every template change, before sharding."""
+    try:
+        return lora.add_lora(model, exp.LORA_RANK, exp.LORA_TARGET_LAYERS)
+    except ValueError as e:
+        raise UserError(f"USE_LORA: {e}") from None
 
 
 def _with_attention_impl(exp, model, plan_for_hopper: bool | None):

@@ -19,6 +19,7 @@ import dataclasses
 
 import fiddle as fdl
 import jax.numpy as jnp
+import numpy as np
 from praxis.layers import (
     activations,
     attentions,
@@ -32,6 +33,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
+from layers import lora
 from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
@@ -54,6 +56,13 @@ _GELU_NAMES = {True: "gelu_tanh", False: "gelu"}
 # Attention classes whose maths is DotProductAttention's (the fused one only swaps kernels).
 _DOT_PRODUCT_ATTENTIONS = (attentions.DotProductAttention,
                            fused_attention.FusedDotProductAttention)
+_MULTI_QUERY_ATTENTIONS = (multi_query_attention.MultiQueryDotProductAttention,
+                           fused_attention.FusedMultiQueryDotProductAttention)
+# An attention's projection templates and the praxis class each must be (or adapt: LoRA's
+# low-rank term merges into the weight, canonical_weights).
+_PROJECTIONS = {"proj_tpl": attentions.AttentionProjection,
+                "combined_qkv_proj_tpl": attentions.CombinedQKVProjectionLayer,
+                "headless_proj_tpl": multi_query_attention.OneHeadedAttentionProjection}
 # Output layers whose logits are praxis's (the chunked ones only change the training loss).
 _TIED_SOFTMAXES = (embedding_softmax.SharedEmbeddingSoftmax,
                    softmax_layers.ChunkedSharedEmbeddingSoftmax)
@@ -150,8 +159,7 @@ def describe(model) -> Architecture:
     dims_per_head = block.dim_per_head or block.model_dims // num_heads  # praxis's default
     atten = layer.tr_atten_tpl
     if issubclass(_cls(atten), multi_query_attention.MultiQueryDotProductAttention):
-        _require(_cls(atten) is multi_query_attention.MultiQueryDotProductAttention,
-                 f"attention is {_cls(atten).__name__}")
+        _require(_cls(atten) in _MULTI_QUERY_ATTENTIONS, f"attention is {_cls(atten).__name__}")
         num_kv_heads = atten.num_kv_heads
         by_head_dim = atten.scale_query_by_dim_per_head
     else:
@@ -169,6 +177,10 @@ def describe(model) -> Architecture:
     _require(not atten.atten_logit_cap or atten.atten_logit_cap <= 0,
              f"attention caps logits (atten_logit_cap={atten.atten_logit_cap})")
     _require(atten.attention_extra_logit is None, "attention has an extra logit")
+    for name, projection in _PROJECTIONS.items():
+        template = getattr(atten, name, None)
+        _require(template is None or lora.base_class(_cls(template)) is projection,
+                 f"attention's {name} is {template and _cls(template).__name__}")
     # praxis scales queries by the head size, or by model_dims // num_heads (_scale_query).
     query_scale = float(dims_per_head if by_head_dim else block.model_dims // num_heads) ** -0.5
 
@@ -194,6 +206,9 @@ def describe(model) -> Architecture:
              "the feed-forward residual is not plain x + f(x)")
     _require(_cls(ffn.fflayer_tpl) is linears.FeedForward,
              f"the feed-forward projection is {_cls(ffn.fflayer_tpl).__name__}")
+    linear = _cls(ffn.fflayer_tpl.linear_tpl)
+    _require(lora.base_class(linear) is linears.Linear,
+             f"the feed-forward projection's linear layer is {linear.__name__}")
 
     softmax = lm.softmax_tpl
     tied = _cls(softmax) in _TIED_SOFTMAXES
@@ -279,8 +294,9 @@ def _layer_weights(params: dict, arch: Architecture) -> dict:
 
 def canonical_weights(params: dict, arch: Architecture) -> dict:
     """praxis params ({'lm': ...}) -> {embed [V, D], positions [S, D] (learned only),
-    final_norm, unembed [D, V], unembed_bias [V]?, layers: [per-layer dicts]}."""
-    lm = params["lm"]
+    final_norm, unembed [D, V], unembed_bias [V]?, layers: [per-layer dicts]}. LoRA
+    adapters are merged into their weights: these are the fine-tuned model's weights."""
+    lm = lora.merge_adapters(params)["lm"]
     logits_ffn = lm["softmax"]["logits_ffn"]
     out = {"unembed": logits_ffn["linear"]["w"]}  # [D, V]
     if "bias" in logits_ffn:
@@ -302,3 +318,161 @@ def canonical_weights(params: dict, arch: Architecture) -> dict:
 
 def _index(tree: dict, i: int) -> dict:
     return {k: _index(v, i) if isinstance(v, dict) else v[i] for k, v in tree.items()}
+
+
+# ----- the inverse: canonical weights -> praxis params -----------------------------------
+# Used to read other formats (a Hugging Face checkpoint, runner/state/hf_format.py) into a
+# run's parameter tree. The run's abstract tree (`like`) decides what praxis's layout
+# leaves open: combined or separate q/k/v, per-layer or repeated (stacked) layers, and
+# how praxis stores a single key/value head.
+
+
+class WeightMismatch(ValueError):
+    """Canonical weights that do not fit the model's parameter tree."""
+
+
+def praxis_params(canonical: dict, arch: Architecture, like: dict) -> dict:
+    """The inverse of `canonical_weights`: praxis params ({'lm': ...}, float32 numpy) with
+    every leaf of `like` (the model's parameter tree; any leaves with a `.shape`) except
+    LoRA adapters, which no checkpoint of the base model holds. `canonical` is
+    canonical_weights' layout; its "layers" may be any iterable (a generator reading one
+    layer at a time keeps one layer beyond the result in memory); `unembed` may be left
+    out of a tied model. A canonical weight the tree has no place for must be zero (an
+    exported bias the model lacks); otherwise, and for a missing or misshapen weight,
+    WeightMismatch naming the parameter."""
+    lm_like = like["lm"]
+    unembed = canonical.get("unembed")
+    if unembed is None:
+        unembed = canonical["embed"].T
+    logits_ffn = {"linear": {"w": unembed}}
+    if "unembed_bias" in canonical:
+        logits_ffn["bias"] = {"b": canonical["unembed_bias"]}
+    lm = {"softmax": {"logits_ffn": logits_ffn}}
+    if not arch.tied_embedding:
+        lm["embedding_lookup"] = {"emb_var": canonical["embed"]}
+    if arch.positions == "learned":
+        lm["position_emb"] = {"emb_var": canonical["positions"]}
+    if arch.final_norm is not None:
+        lm["final_ln"] = _praxis_norm(canonical["final_norm"], arch.final_norm)
+    out = _fit(lm, {k: v for k, v in lm_like.items() if k != "transformer"}, "lm")
+    out["transformer"] = _praxis_stack(canonical["layers"], arch, lm_like["transformer"])
+    return {"lm": out}
+
+
+def _praxis_stack(layers, arch: Architecture, like: dict) -> dict:
+    """The transformer's params from per-layer canonical weights, read once, in order."""
+    if arch.repeated:
+        stacked_like = like["repeat"]["sub"]["x_layers_0"]
+        one_like = _map_shapes(stacked_like, lambda shape: shape[1:])
+        stacked = _map_shapes(stacked_like, lambda shape: np.empty(shape, np.float32))
+    else:
+        one_like = None
+    count = 0
+    out = {}
+    for i, layer in enumerate(layers):
+        _mismatch(i < arch.num_layers, f"more than the model's {arch.num_layers} layers")
+        where = f"lm/transformer/x_layers_{i}"
+        if arch.repeated:
+            params = _fit(_praxis_layer(layer, arch, one_like), one_like, where)
+            _assign(stacked, params, i)
+        else:
+            layer_like = like[f"x_layers_{i}"]
+            out[f"x_layers_{i}"] = _fit(_praxis_layer(layer, arch, layer_like), layer_like, where)
+        count += 1
+    _mismatch(count == arch.num_layers, f"{count} layers, the model has {arch.num_layers}")
+    if arch.repeated:
+        return {"repeat": {"sub": {"x_layers_0": stacked}}}
+    return out
+
+
+def _praxis_norm(weights: dict, norm: Norm) -> dict:
+    # the inverse of _norm_weights; subtracting 1 is exact for multipliers in [0.5, 2], and
+    # 1 + (multiplier - 1) gives back the multiplier itself wherever praxis adds the 1
+    scale = weights["scale"] if norm.direct_scale else weights["scale"] - 1
+    return {"scale": scale, "bias": weights["bias"]} if "bias" in weights else {"scale": scale}
+
+
+def _praxis_linear(layer: dict, name: str) -> dict:
+    out = {"linear": {"w": layer[name]}}
+    if f"{name}_bias" in layer:
+        out["bias"] = {"b": layer[f"{name}_bias"]}
+    return out
+
+
+def _praxis_layer(layer: dict, arch: Architecture, like: dict) -> dict:
+    """One layer's params from its canonical weights (the inverse of _layer_weights)."""
+    attention = {}
+    if "combined_qkv" in like["self_attention"]:  # w [3, D, N, H], b [3, N, H]
+        attention["combined_qkv"] = {"w": np.stack([layer[n] for n in "qkv"])}
+        if "q_bias" in layer:
+            attention["combined_qkv"]["b"] = np.stack([layer[f"{n}_bias"] for n in "qkv"])
+    else:
+        for name, praxis_name in (("q", "query"), ("k", "key"), ("v", "value")):
+            attention[praxis_name] = {"w": layer[name]}
+            if f"{name}_bias" in layer:
+                attention[praxis_name]["b"] = layer[f"{name}_bias"]
+    attention["post"] = {"w": layer["o"]}
+    if "o_bias" in layer:
+        attention["post"]["b"] = layer["o_bias"]
+    ff = {"layer_norm": _praxis_norm(layer["mlp_norm"], arch.mlp_norm),
+          "ffn_layer1": _praxis_linear(layer, "up"),
+          "ffn_layer2": _praxis_linear(layer, "down")}
+    if "gate" in layer:
+        ff["ffn_layer1_gate"] = _praxis_linear(layer, "gate")
+    return {"layer_norm": _praxis_norm(layer["attention_norm"], arch.attention_norm),
+            "self_attention": attention, "ff_layer": ff}
+
+
+def _mismatch(condition: bool, what: str) -> None:
+    if not condition:
+        raise WeightMismatch(what)
+
+
+def _is_adapter(key: str) -> bool:
+    return "lora" in key.lower()
+
+
+def _fit(built: dict, like: dict, where: str) -> dict:
+    """`built`'s arrays in `like`'s tree and shapes, as float32; `like` holds shapes or
+    objects with a `.shape`. Shapes may differ only by axes of size 1 (praxis stores a
+    single key/value head as [D, H])."""
+    out = {}
+    for key, spec in like.items():
+        path = f"{where}/{key}"
+        if _is_adapter(key):
+            continue
+        if isinstance(spec, dict):
+            _mismatch(isinstance(built.get(key), dict), f"no weights for {path}")
+            out[key] = _fit(built[key], spec, path)
+            continue
+        _mismatch(key in built, f"no weight for {path}")
+        value = built[key]
+        shape = tuple(spec) if isinstance(spec, tuple) else tuple(spec.shape)
+        _mismatch([d for d in value.shape if d != 1] == [d for d in shape if d != 1],
+                  f"{path} is {tuple(value.shape)} in the checkpoint, {shape} in the model")
+        out[key] = np.ascontiguousarray(value, np.float32).reshape(shape)
+    for key in built.keys() - like.keys():
+        _mismatch(not _any_nonzero(built[key]),
+                  f"the checkpoint has {where}/{key}, which the model has no place for")
+    return out
+
+
+def _any_nonzero(tree) -> bool:
+    if isinstance(tree, dict):
+        return any(_any_nonzero(v) for v in tree.values())
+    return bool(np.any(tree))
+
+
+def _map_shapes(like: dict, fn) -> dict:
+    """`like` with each non-adapter leaf replaced by fn(its shape as a tuple)."""
+    return {k: _map_shapes(v, fn) if isinstance(v, dict)
+            else fn(tuple(v) if isinstance(v, tuple) else tuple(v.shape))
+            for k, v in like.items() if not _is_adapter(k)}
+
+
+def _assign(stacked: dict, one: dict, i: int) -> None:
+    for key, value in one.items():
+        if isinstance(value, dict):
+            _assign(stacked[key], value, i)
+        else:
+            stacked[key][i] = value

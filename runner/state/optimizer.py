@@ -2,9 +2,14 @@
 
 Same update as praxis's sharded_adam (bias-corrected moments, epsilon outside the
 square root, epsilon_root 0, no update clipping) plus global-norm gradient
-clipping, on optax; tests/test_optimizer.py checks both against praxis.
+clipping, on optax; tests/test_optimizer.py checks both against praxis. `train_only`
+restricts an optimizer to some parameters (USE_LORA: the adapters), the rest frozen.
 """
 
+import re
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -51,3 +56,46 @@ def adamw(
         )
     )
     return optax.chain(*parts)
+
+
+class TrainOnly(NamedTuple):
+    """An optax GradientTransformation (init, update) that trains only the parameters whose
+    path ("lm/transformer/x_layers_0/.../lora_a") matches the regex `trainable`, as Pax's
+    `bprop_variable_inclusion`; it has its `init` and `update` and the pattern, so the
+    trainer can skip computing the frozen parameters' gradients (stop_frozen_gradients)."""
+
+    init: optax.TransformInitFn
+    update: optax.TransformUpdateFn
+    trainable: str
+
+
+def train_only(tx: optax.GradientTransformation, trainable: str) -> TrainOnly:
+    """`tx` on the parameters matching `trainable` (see TrainOnly) and nothing on the others:
+    their updates are zero and the optimizer state holds nothing for them (no Adam moments),
+    and gradient clipping and weight decay in `tx` see only the trainable ones."""
+    pattern = re.compile(trainable)
+
+    def labels(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "trainable" if pattern.match(_path(path)) else "frozen", params)
+
+    masked = optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)
+    return TrainOnly(masked.init, masked.update, trainable)
+
+
+def trainable_mask(tx, params):
+    """A tree of bools like `params`: which parameters `tx` trains (all, unless TrainOnly)."""
+    pattern = re.compile(tx.trainable) if isinstance(tx, TrainOnly) else None
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: pattern is None or bool(pattern.match(_path(path))), params)
+
+
+def stop_frozen_gradients(tx, params):
+    """`params` with the parameters `tx` does not train behind stop_gradient: their gradient
+    is zero and XLA never computes it (for LoRA, about a third of a step's FLOPs)."""
+    return jax.tree_util.tree_map(lambda p, train: p if train else jax.lax.stop_gradient(p),
+                                  params, trainable_mask(tx, params))
+
+
+def _path(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")

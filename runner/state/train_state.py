@@ -93,13 +93,15 @@ def check_divisible(param_specs, abstract_params, mesh: Mesh) -> None:
 def state_shardings(tx: optax.GradientTransformation, param_specs, abstract_params, mesh: Mesh):
     """NamedShardings for {'step', 'params', 'opt_state'}: Adam moments follow their parameter."""
     abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+    # A state that holds nothing for some parameters (optimizer.train_only) has optax's
+    # MaskedNode (no arrays) in their place: it stays.
     opt_specs = optax.tree_map_params(
         tx,
-        lambda _, spec: spec,
+        lambda moment, spec: moment if isinstance(moment, optax.MaskedNode) else spec,
         abstract_opt_state,
         param_specs,
         transform_non_params=lambda _: P(),
-        is_leaf=lambda x: isinstance(x, P),
+        is_leaf=lambda x: isinstance(x, (P, optax.MaskedNode)),
     )
     specs = {"step": P(), "params": param_specs, "opt_state": opt_specs}
     return jax.tree_util.tree_map(

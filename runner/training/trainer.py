@@ -22,6 +22,7 @@ from runner.core.data import BATCH_DTYPES
 from runner.core.errors import UserError
 from runner.core.log import log
 from runner.core.spec import RunSpec
+from runner.state import optimizer
 from runner.state.train_state import (
     as_model_batch,
     check_divisible,
@@ -101,6 +102,8 @@ class Trainer:
     # ----- compiled functions -------------------------------------------------
 
     def _loss(self, params, batch, key):
+        # Parameters the optimizer freezes (USE_LORA: all but the adapters) get no gradient.
+        params = optimizer.stop_frozen_gradients(self.tx, params)
         with praxis_context(do_eval=False):
             metrics, _ = self.model.apply(
                 {"params": params},

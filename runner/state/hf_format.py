@@ -1,0 +1,553 @@
+"""Hugging Face `transformers` checkpoints, both ways: the names, configs and tensor layouts
+of GPT2LMHeadModel (the GPT family, layers/gpt.py) and LlamaForCausalLM (the Llama family,
+layers/llama.py).
+
+Export (tools/export_hf.py): `check_representable`, then `gpt2_config`/`llama_config` and
+`gpt2_tensors`/`llama_tensors` from layers/architecture.py's canonical weights.
+
+Import (CHECKPOINT_RESTORE_PATH, runner/state/initial_weights.py; tools/import_hf.py):
+`is_hf_model_dir` recognises a directory that `save_pretrained` wrote; `hyperparameters`
+maps its config.json to Paxloom's hyperparameters and refuses, in one line naming the
+key, anything Paxloom does not model; `check_config` names the first value that differs
+from a run's model; `read_params` reads the safetensors (one file, or shards with an
+index) tensor by tensor into the run's parameter layout, through
+layers/architecture.py's `praxis_params`, the inverse of `canonical_weights`.
+
+Both directions translate the same conventions: Conv1D [in, out] and Linear [out, in]
+weights, GPT-2's combined q | k | v, praxis's query scale folded into the query weights
+where it differs from the target's 1/sqrt(head dim) (`query_fold`), norm scales as
+multipliers (praxis stores offsets from 1).
+"""
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import NoReturn
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors' numpy reader needs it)
+import numpy as np
+from safetensors import safe_open
+
+from layers.architecture import Architecture, WeightMismatch, praxis_params
+from runner.core.errors import UserError
+
+GPT2 = "GPT2LMHeadModel"
+LLAMA = "LlamaForCausalLM"
+# Paxloom activation name -> transformers' ACT2FN name.
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "silu": "silu", "relu": "relu"}
+# transformers' names of the tanh-approximated GELU, the one Paxloom's GPT uses: the same
+# expression, differently implemented.
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def target(arch: Architecture) -> str:
+    """The transformers class a model exports to: learned positions make a GPT-2."""
+    return GPT2 if arch.positions == "learned" else LLAMA
+
+
+def check_representable(arch: Architecture, target: str, importing: bool = False) -> None:
+    """UserError naming the first thing `target` cannot express exactly (when exporting),
+    or that a `target` checkpoint cannot give the run's model (when importing)."""
+    norm = "layer_norm" if target == GPT2 else "rms_norm"
+    norms = [arch.attention_norm, arch.mlp_norm, arch.final_norm]
+    problems = [
+        (arch.final_norm is None, "the model has no final norm"),
+        (any(n is not None and n.kind != norm for n in norms),
+         f"{target} normalises with {norm.replace('_', ' ')} everywhere"),
+        (len({n.epsilon for n in norms if n is not None}) > 1,
+         f"{target} has one norm epsilon, and the model's norms differ"),
+        (arch.embedding_scale != 1.0, f"the embedding is scaled by {arch.embedding_scale:g}"),
+        (arch.unembed_bias, f"{target}'s output layer has no bias"),
+        (arch.activation not in HF_ACTIVATIONS, f"activation {arch.activation}"),
+    ]
+    if target == GPT2:
+        problems += [
+            (not arch.tied_embedding, "GPT2LMHeadModel ties its output layer to the embedding"),
+            (arch.num_kv_heads != arch.num_heads, "GPT-2 has no grouped-query attention"),
+            (arch.num_heads * arch.dims_per_head != arch.model_dims,
+             f"GPT-2's heads span the model width (NUM_HEADS x DIMS_PER_HEAD = "
+             f"{arch.num_heads * arch.dims_per_head}, MODEL_DIMS = {arch.model_dims})"),
+            (arch.gated_mlp, "GPT-2's feed-forward is not gated"),
+        ]
+    else:
+        problems += [
+            (not arch.gated_mlp, "Llama's feed-forward is gated"),
+            (arch.rope_min_timescale != 1.0,
+             f"Llama's RoPE has no minimum timescale ({arch.rope_min_timescale:g})"),
+        ]
+    action = f"import {target} exactly into the run's model" if importing else (
+        f"export to {target} exactly")
+    for failed, what in problems:
+        if failed:
+            raise UserError(f"cannot {action}: {what}")
+
+
+# ----- export: configs and tensors ----------------------------------------------------
+
+
+def gpt2_config(arch: Architecture) -> dict:
+    return {
+        "model_type": "gpt2",
+        "vocab_size": arch.vocab_size,
+        "n_positions": arch.max_positions,
+        "n_embd": arch.model_dims,
+        "n_layer": arch.num_layers,
+        "n_head": arch.num_heads,
+        "n_inner": arch.hidden_dims,
+        "activation_function": HF_ACTIVATIONS[arch.activation],
+        "layer_norm_epsilon": arch.final_norm.epsilon,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+    }
+
+
+def llama_config(arch: Architecture, max_seq_len: int) -> dict:
+    return {
+        "model_type": "llama",
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.model_dims,
+        "intermediate_size": arch.hidden_dims,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.dims_per_head,
+        "hidden_act": HF_ACTIVATIONS[arch.activation],
+        "max_position_embeddings": max_seq_len,
+        "rms_norm_eps": arch.final_norm.epsilon,
+        "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_max_timescale},
+        "attention_bias": arch.attention_bias,
+        "attention_dropout": 0.0,
+        "mlp_bias": arch.mlp_bias,
+        "tie_word_embeddings": arch.tied_embedding,
+    }
+
+
+def query_fold(arch: Architecture) -> float:
+    """Both targets scale queries by 1/sqrt(head dim); praxis may use another factor
+    (model_dims // num_heads): the ratio goes into the query weights and bias."""
+    return arch.query_scale / arch.dims_per_head ** -0.5
+
+
+def _bias(layer: dict, name: str, shape) -> np.ndarray:
+    """A bias the model lacks is zero (GPT-2 always has them)."""
+    return layer[f"{name}_bias"] if f"{name}_bias" in layer else np.zeros(shape, np.float32)
+
+
+def _norm_bias(norm: dict, dims: int) -> np.ndarray:
+    return norm["bias"] if "bias" in norm else np.zeros(dims, np.float32)
+
+
+def gpt2_tensors(arch: Architecture, weights: dict) -> dict:
+    """GPT2LMHeadModel's tensors from canonical weights (layers/architecture.py)."""
+    d, width = arch.model_dims, arch.num_heads * arch.dims_per_head
+    fold = query_fold(arch)
+    tensors = {"transformer.wte.weight": weights["embed"],  # lm_head is tied to it
+               "transformer.wpe.weight": weights["positions"],
+               "transformer.ln_f.weight": weights["final_norm"]["scale"],
+               "transformer.ln_f.bias": _norm_bias(weights["final_norm"], d)}
+    for i, layer in enumerate(weights["layers"]):
+        prefix = f"transformer.h.{i}."
+        # Conv1D weights are [in, out]; c_attn's output is q | k | v, each head after head.
+        qkv_w = [layer[n].reshape(d, width) * (fold if n == "q" else 1) for n in "qkv"]
+        qkv_b = [_bias(layer, n, (arch.num_heads, arch.dims_per_head)).reshape(width)
+                 * (fold if n == "q" else 1) for n in "qkv"]
+        tensors.update({
+            prefix + "ln_1.weight": layer["attention_norm"]["scale"],
+            prefix + "ln_1.bias": _norm_bias(layer["attention_norm"], d),
+            prefix + "attn.c_attn.weight": np.concatenate(qkv_w, axis=1),
+            prefix + "attn.c_attn.bias": np.concatenate(qkv_b),
+            # praxis's output projection is [D, N, H]; Conv1D wants [N*H, D].
+            prefix + "attn.c_proj.weight": layer["o"].transpose(1, 2, 0).reshape(width, d),
+            prefix + "attn.c_proj.bias": _bias(layer, "o", (d,)),
+            prefix + "ln_2.weight": layer["mlp_norm"]["scale"],
+            prefix + "ln_2.bias": _norm_bias(layer["mlp_norm"], d),
+            prefix + "mlp.c_fc.weight": layer["up"],
+            prefix + "mlp.c_fc.bias": _bias(layer, "up", (arch.hidden_dims,)),
+            prefix + "mlp.c_proj.weight": layer["down"],
+            prefix + "mlp.c_proj.bias": _bias(layer, "down", (d,)),
+        })
+    return tensors
+
+
+def llama_tensors(arch: Architecture, weights: dict) -> dict:
+    """LlamaForCausalLM's tensors from canonical weights (layers/architecture.py)."""
+    d = arch.model_dims
+    fold = query_fold(arch)
+    tensors = {"model.embed_tokens.weight": weights["embed"],
+               "model.norm.weight": weights["final_norm"]["scale"]}
+    if not arch.tied_embedding:
+        tensors["lm_head.weight"] = weights["unembed"].T  # torch Linear: [out, in]
+    for i, layer in enumerate(weights["layers"]):
+        prefix = f"model.layers.{i}."
+        tensors[prefix + "input_layernorm.weight"] = layer["attention_norm"]["scale"]
+        tensors[prefix + "post_attention_layernorm.weight"] = layer["mlp_norm"]["scale"]
+        for name in "qkv":  # [D, heads, H] -> Linear [heads * H, D], heads in order
+            w = layer[name].reshape(d, -1).T * (fold if name == "q" else 1)
+            tensors[prefix + f"self_attn.{name}_proj.weight"] = w
+            if arch.attention_bias:
+                tensors[prefix + f"self_attn.{name}_proj.bias"] = (
+                    layer[f"{name}_bias"].reshape(-1) * (fold if name == "q" else 1))
+        tensors[prefix + "self_attn.o_proj.weight"] = layer["o"].reshape(d, -1)  # [D, N*H]
+        if arch.attention_bias:
+            tensors[prefix + "self_attn.o_proj.bias"] = layer["o_bias"]
+        for hf_name, name in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+            tensors[prefix + f"mlp.{hf_name}.weight"] = layer[name].T
+            if arch.mlp_bias:
+                tensors[prefix + f"mlp.{hf_name}.bias"] = layer[f"{name}_bias"]
+    return tensors
+
+
+# ----- import: config.json -> hyperparameters --------------------------------------------
+
+
+def is_hf_model_dir(path) -> bool:
+    """A directory as `save_pretrained` writes it: config.json and safetensors weights, in
+    one file or in shards listed by an index."""
+    path = os.fspath(path)
+    return (os.path.isfile(os.path.join(path, CONFIG))
+            and any(os.path.isfile(os.path.join(path, name)) for name in (WEIGHTS, WEIGHTS_INDEX)))
+
+
+def _read_config(path) -> dict:
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise UserError(f"{path}: no such directory; pass a Hugging Face model directory "
+                        f"(config.json + model.safetensors, as save_pretrained writes it)")
+    file = os.path.join(path, CONFIG)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path} has no {CONFIG}: not a Hugging Face model directory") from None
+    except (OSError, ValueError) as error:
+        raise UserError(f"{file} is not a JSON config ({type(error).__name__}: "
+                        f"{' '.join(str(error).split())})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{file} is not a JSON object")
+    return config
+
+
+def _show(value) -> str:
+    """A config.json value as the file spells it, on one line."""
+    return json.dumps(value)
+
+
+def _refuse(key: str, value, why: str) -> NoReturn:
+    raise UserError(f"{CONFIG} {key}={_show(value)}: {why}")
+
+
+def _required(config: dict, key: str):
+    if config.get(key) is None:
+        raise UserError(f"{CONFIG} has no {key}: cannot size the model")
+    return config[key]
+
+
+def _gpt2_fields(config: dict) -> list[tuple[str, str, object]]:
+    """(Paxloom hyperparameter, config.json key, value) of a GPT-2 config."""
+    rules = [
+        ("activation_function", "gelu_new", lambda v: v in _TANH_GELUS,
+         "Paxloom's GPT uses the tanh-approximated GELU (gelu_new)"),
+        ("scale_attn_weights", True, lambda v: v is True,
+         "Paxloom's attention always scales queries by 1/sqrt(head dim)"),
+        ("scale_attn_by_inverse_layer_idx", False, lambda v: v is False,
+         "Paxloom's attention does not scale by the layer index"),
+        ("tie_word_embeddings", True, lambda v: v is True,
+         "Paxloom's GPT ties its output layer to the input embedding (an untied GPT-2 "
+         "has no Paxloom model)"),
+        ("add_cross_attention", False, lambda v: v is False,
+         "Paxloom's decoder has no cross-attention"),
+    ]
+    for key, default, ok, why in rules:
+        value = config.get(key, default)
+        if not ok(value):
+            _refuse(key, value, why)
+    width, heads = _required(config, "n_embd"), _required(config, "n_head")
+    if width % heads:
+        _refuse("n_head", heads, f"GPT-2's heads must split n_embd={width} evenly")
+    inner = config.get("n_inner")
+    return [
+        ("NUM_LAYERS", "n_layer", _required(config, "n_layer")),
+        ("MODEL_DIMS", "n_embd", width),
+        # transformers' default feed-forward width is 4 x n_embd
+        ("HIDDEN_DIMS", "n_inner", 4 * width if inner is None else inner),
+        ("NUM_HEADS", "n_head", heads),
+        ("DIMS_PER_HEAD", "n_embd/n_head", width // heads),
+        ("VOCAB_SIZE", "vocab_size", _required(config, "vocab_size")),
+        ("MAX_SEQ_LEN", "n_positions", _required(config, "n_positions")),
+        ("LAYERNORM_EPSILON", "layer_norm_epsilon", float(config.get("layer_norm_epsilon", 1e-5))),
+    ]
+
+
+def _rope_theta(config: dict) -> tuple[str, float]:
+    """(key, RoPE base) of a Llama config: transformers 5.x's `rope_parameters`, or the
+    older `rope_theta` and `rope_scaling`; refuses any scaled or partial RoPE."""
+    why = "Paxloom's RoPE has no scaling (only rope_type 'default')"
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, dict):
+            _refuse(key, rope, "expected an object")
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            _refuse(key, rope, why)
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            _refuse(key, rope, "Paxloom's RoPE rotates the whole head (partial_rotary_factor 1)")
+    parameters = config.get("rope_parameters") or {}
+    if parameters.get("rope_theta") is not None:
+        return "rope_parameters.rope_theta", float(parameters["rope_theta"])
+    return "rope_theta", float(config.get("rope_theta", 10000.0))
+
+
+def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
+    """(Paxloom hyperparameter, config.json key, value) of a Llama config."""
+    rules = [
+        ("hidden_act", "silu", lambda v: v == "silu",
+         "Paxloom's Llama gates its feed-forward with SiLU"),
+        ("attention_bias", False, lambda v: v is False,
+         "Paxloom's Llama has no attention biases"),
+        ("mlp_bias", False, lambda v: v is False, "Paxloom's Llama has no feed-forward biases"),
+    ]
+    for key, default, ok, why in rules:
+        value = config.get(key, default)
+        if not ok(value):
+            _refuse(key, value, why)
+    rope_key, theta = _rope_theta(config)
+    width, heads = _required(config, "hidden_size"), _required(config, "num_attention_heads")
+    # transformers' defaults: a head of hidden_size / heads, as many key/value heads as heads
+    head_dim = config.get("head_dim")
+    kv_heads = config.get("num_key_value_heads")
+    return [
+        ("NUM_LAYERS", "num_hidden_layers", _required(config, "num_hidden_layers")),
+        ("MODEL_DIMS", "hidden_size", width),
+        ("HIDDEN_DIMS", "intermediate_size", _required(config, "intermediate_size")),
+        ("NUM_HEADS", "num_attention_heads", heads),
+        ("DIMS_PER_HEAD", "head_dim", width // heads if head_dim is None else head_dim),
+        ("VOCAB_SIZE", "vocab_size", _required(config, "vocab_size")),
+        ("MAX_SEQ_LEN", "max_position_embeddings", _required(config, "max_position_embeddings")),
+        ("LAYERNORM_EPSILON", "rms_norm_eps", float(config.get("rms_norm_eps", 1e-6))),
+        ("NUM_KV_HEADS", "num_key_value_heads", heads if kv_heads is None else kv_heads),
+        ("ROPE_MAX_WAVELENGTH", rope_key, theta),
+    ]
+
+
+def _fields(path) -> tuple[str, list[tuple[str, str, object]], dict]:
+    """(family, fields, config) of the directory's config.json."""
+    config = _read_config(path)
+    model_type = config.get("model_type")
+    if model_type == "gpt2":
+        return "gpt", _gpt2_fields(config), config
+    if model_type == "llama":
+        return "llama", _llama_fields(config), config
+    _refuse("model_type", model_type, f"Paxloom imports gpt2 ({GPT2}) and llama ({LLAMA}) models")
+
+
+def hyperparameters(path) -> tuple[str, dict]:
+    """(family, hyperparameters) of the Hugging Face model directory `path`: "gpt" (the
+    GPT of experiments.base.BaseExperiment) or "llama" (experiments.llama.LlamaBase), and
+    the sizes that make its parameters the checkpoint's. UserError (one line, naming the
+    config.json key) for what Paxloom does not model."""
+    family, fields, _ = _fields(path)
+    return family, {name: value for name, _, value in fields}
+
+
+def _arch_value(arch: Architecture, name: str):
+    """The hyperparameter `name` as the run's model has it; None: not in its weights or
+    maths (a rotary model's MAX_SEQ_LEN is only its training context)."""
+    return {
+        "NUM_LAYERS": arch.num_layers, "MODEL_DIMS": arch.model_dims,
+        "HIDDEN_DIMS": arch.hidden_dims, "NUM_HEADS": arch.num_heads,
+        "DIMS_PER_HEAD": arch.dims_per_head, "VOCAB_SIZE": arch.vocab_size,
+        "MAX_SEQ_LEN": arch.max_positions,
+        "LAYERNORM_EPSILON": arch.final_norm.epsilon if arch.final_norm else None,
+        "NUM_KV_HEADS": arch.num_kv_heads, "ROPE_MAX_WAVELENGTH": arch.rope_max_timescale,
+    }[name]
+
+
+def check_config(path, arch: Architecture) -> None:
+    """UserError (one line) naming the first config.json value of `path` that differs from
+    the run's model `arch`, and the --fdl flag that makes the run match it."""
+    family, fields, config = _fields(path)
+    model_family = "gpt" if target(arch) == GPT2 else "llama"
+    if family != model_family:
+        name = {"gpt": "GPT", "llama": "Llama"}
+        experiment = {"gpt": "experiments.base.BaseExperiment",
+                      "llama": "experiments.llama.LlamaBase"}[family]
+        _refuse("model_type", config.get("model_type"),
+                f"the run's model is a {name[model_family]} ({target(arch)}); run a "
+                f"{name[family]}, e.g. --fdl_config={experiment} (python -m tools.import_hf "
+                f"--hf_dir={os.fspath(path)} prints every flag)")
+    for name, key, value in fields:
+        have = _arch_value(arch, name)
+        if have is not None and have != value:
+            raise UserError(f"{CONFIG} {key}={_show(value)} differs from the run's model "
+                            f"({name}={have!r}); set --fdl.{name}={value!r}")
+    if family == "llama" and arch.tied_embedding and not config.get("tie_word_embeddings"):
+        _refuse("tie_word_embeddings", config.get("tie_word_embeddings", False),
+                "the run's model ties its output layer to the embedding")
+    check_representable(arch, target(arch), importing=True)
+
+
+# ----- import: safetensors -> parameters ---------------------------------------------------
+
+
+class _Tensors:
+    """The checkpoint's tensors by name, read one at a time as float32 (a bfloat16 or
+    float16 checkpoint is widened: parameters are float32), from one file or the shards an
+    index names."""
+
+    def __init__(self, path: str, stack: contextlib.ExitStack):
+        self.path, self._stack, self._open = path, stack, {}
+        index = os.path.join(path, WEIGHTS_INDEX)
+        if os.path.isfile(os.path.join(path, WEIGHTS)):
+            self._file_of = None
+        elif os.path.isfile(index):
+            try:
+                with open(index) as f:
+                    self._file_of = json.load(f)["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise UserError(f"{index} is not a safetensors index ({type(error).__name__}: "
+                                f"{error})") from None
+        else:
+            raise UserError(f"{path} has neither {WEIGHTS} nor {WEIGHTS_INDEX}: not a "
+                            f"safetensors checkpoint (save it with save_pretrained)")
+
+    def _file(self, name: str) -> str | None:
+        return WEIGHTS if self._file_of is None else self._file_of.get(name)
+
+    def _reader(self, file: str):
+        if file not in self._open:
+            full = os.path.join(self.path, file)
+            try:
+                self._open[file] = self._stack.enter_context(safe_open(full, framework="numpy"))
+            except Exception as error:  # safetensors raises its own error types, and OSError
+                raise UserError(f"{full}: cannot read safetensors ({type(error).__name__}: "
+                                f"{' '.join(str(error).split())})") from None
+        return self._open[file]
+
+    def has(self, name: str) -> bool:
+        file = self._file(name)
+        return file is not None and name in self._reader(file).keys()
+
+    def get(self, name: str, shape: tuple) -> np.ndarray:
+        file = self._file(name)
+        if file is None or name not in self._reader(file).keys():
+            raise UserError(f"{self.path}: the checkpoint has no tensor {name}; is it a "
+                            f"complete model that save_pretrained wrote?")
+        reader = self._reader(file)
+        found = tuple(reader.get_slice(name).get_shape())
+        if found != tuple(shape):
+            raise UserError(f"{os.path.join(self.path, file)}: {name} has shape {found}, "
+                            f"config.json makes it {tuple(shape)}")
+        return np.asarray(reader.get_tensor(name), np.float32)
+
+
+def _gpt2_canonical(tensors: _Tensors, arch: Architecture) -> dict:
+    """Canonical weights (layers/architecture.py) of a GPT-2 checkpoint; layers read lazily."""
+    d, n, h, f = arch.model_dims, arch.num_heads, arch.dims_per_head, arch.hidden_dims
+    width, fold = n * h, query_fold(arch)
+    # GPT2Model checkpoints (the hub's own "gpt2") name tensors without "transformer."
+    prefix = "transformer." if tensors.has("transformer.wte.weight") else ""
+
+    def get(name, shape):
+        return tensors.get(prefix + name, shape)
+
+    def norm(name):
+        return {"scale": get(f"{name}.weight", (d,)), "bias": get(f"{name}.bias", (d,))}
+
+    def layers() -> Iterator[dict]:
+        for i in range(arch.num_layers):
+            p = f"h.{i}."
+            # c_attn: Conv1D [D, q | k | v], each head after head
+            q, k, v = np.split(get(p + "attn.c_attn.weight", (d, 3 * width)), 3, axis=1)
+            qb, kb, vb = np.split(get(p + "attn.c_attn.bias", (3 * width,)), 3)
+            yield {
+                "attention_norm": norm(p + "ln_1"),
+                "q": q.reshape(d, n, h) / fold, "k": k.reshape(d, n, h),
+                "v": v.reshape(d, n, h),
+                "q_bias": qb.reshape(n, h) / fold, "k_bias": kb.reshape(n, h),
+                "v_bias": vb.reshape(n, h),
+                # c_proj: Conv1D [N*H, D] -> praxis's [D, N, H]
+                "o": get(p + "attn.c_proj.weight", (width, d)).reshape(n, h, d).transpose(2, 0, 1),
+                "o_bias": get(p + "attn.c_proj.bias", (d,)),
+                "mlp_norm": norm(p + "ln_2"),
+                "up": get(p + "mlp.c_fc.weight", (d, f)),
+                "up_bias": get(p + "mlp.c_fc.bias", (f,)),
+                "down": get(p + "mlp.c_proj.weight", (f, d)),
+                "down_bias": get(p + "mlp.c_proj.bias", (d,)),
+            }
+
+    return {"embed": get("wte.weight", (arch.vocab_size, d)),
+            "positions": get("wpe.weight", (arch.max_positions, d)),
+            "final_norm": norm("ln_f"), "layers": layers()}
+
+
+def _llama_canonical(tensors: _Tensors, arch: Architecture) -> dict:
+    """Canonical weights of a Llama checkpoint; layers read lazily. A checkpoint with a tied
+    output layer (no lm_head.weight) gives its embedding to both ends."""
+    d, h, f = arch.model_dims, arch.dims_per_head, arch.hidden_dims
+    heads = {"q": arch.num_heads, "k": arch.num_kv_heads, "v": arch.num_kv_heads}
+    fold = query_fold(arch)
+
+    def layers() -> Iterator[dict]:
+        for i in range(arch.num_layers):
+            p = f"model.layers.{i}."
+            layer = {
+                "attention_norm": {"scale": tensors.get(p + "input_layernorm.weight", (d,))},
+                "mlp_norm": {"scale": tensors.get(p + "post_attention_layernorm.weight", (d,))},
+                # o_proj: Linear [D, N*H], already praxis's [D, N, H] once reshaped
+                "o": tensors.get(p + "self_attn.o_proj.weight", (d, arch.num_heads * h)
+                                 ).reshape(d, arch.num_heads, h),
+            }
+            for name, count in heads.items():  # Linear [heads*H, D] -> [D, heads, H]
+                w = tensors.get(p + f"self_attn.{name}_proj.weight", (count * h, d))
+                layer[name] = w.T.reshape(d, count, h) / (fold if name == "q" else 1)
+            for hf_name, name in (("gate_proj", "gate"), ("up_proj", "up")):
+                layer[name] = tensors.get(p + f"mlp.{hf_name}.weight", (f, d)).T
+            layer["down"] = tensors.get(p + "mlp.down_proj.weight", (d, f)).T
+            yield layer
+
+    embed = tensors.get("model.embed_tokens.weight", (arch.vocab_size, d))
+    unembed = (tensors.get("lm_head.weight", (arch.vocab_size, d)).T
+               if tensors.has("lm_head.weight") else embed.T)
+    return {"embed": embed, "unembed": unembed,
+            "final_norm": {"scale": tensors.get("model.norm.weight", (d,))},
+            "layers": layers()}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def read_params(path, arch: Architecture, like: dict) -> dict[str, np.ndarray]:
+    """The checkpoint's weights as float32 arrays keyed by parameter path
+    ("lm/transformer/x_layers_0/self_attention/combined_qkv/w", as checkpoints name them),
+    laid out for the model `arch` whose (abstract) parameter tree is `like`: combined or
+    separate q/k/v, repeated or per-layer, norm offsets or direct scales, as `like` and
+    `arch` have them. `like`'s LoRA adapters are left out: a checkpoint has none."""
+    path = os.fspath(path)
+    check_config(path, arch)
+    with contextlib.ExitStack() as stack:
+        tensors = _Tensors(path, stack)
+        if target(arch) == GPT2:
+            canonical = _gpt2_canonical(tensors, arch)
+        else:
+            canonical = _llama_canonical(tensors, arch)
+        try:
+            params = praxis_params(canonical, arch, like)
+        except WeightMismatch as error:
+            raise UserError(f"{path}: the checkpoint does not fit the run's model: "
+                            f"{error}") from None
+    return _flatten(params)
