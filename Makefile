@@ -32,10 +32,10 @@ run: $(STAMP)
 	$(CPU8) $(PY) main.py --fdl_config=experiments.Tiny --job_log_dir=$(RUN_DIR)
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest -m "not slow" --durations=10 tests
+	$(PY) -m pytest -m "not slow" --durations=25 tests
 
 test-all: $(TEST_STAMP)
-	$(PY) -m pytest --durations=10 tests
+	$(PY) -m pytest --durations=25 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -91,8 +91,14 @@ def adapted_weights(family: str, target: str) -> set[str]:
             "all": attention[family] | mlp}[target]
 
 
-@pytest.mark.parametrize("target", ["all", "attention", "mlp"])
-@pytest.mark.parametrize("family", FAMILIES)
+# Each target once per family in `make test` (attention on one, mlp on the other); every
+# combination in `make test-all`.
+SLOW = pytest.mark.slow
+CASES = [("gpt", "all"), ("llama_gqa", "all"), ("gpt", "attention"), ("llama_gqa", "mlp"),
+         pytest.param("gpt", "mlp", marks=SLOW), pytest.param("llama_gqa", "attention", marks=SLOW)]
+
+
+@pytest.mark.parametrize("family, target", CASES)
 def test_starts_equal_to_the_base_and_only_the_adapters_train(trainers, family, target):
     base, adapted = trainers(family), trainers(family, target)
     layer = LAYER[family]

@@ -179,6 +179,26 @@ def test_gpt_repeated_pax_checkpoint_gives_gpt2s_logits(gpt_target, gpt_checkpoi
     assert_same_outputs(gpt_target, flat, gpt2_model(pax), token_ids(0))
 
 
+def test_checkpoint_restore_path_reads_a_pax_job_onto_a_runs_mesh(gpt_target, gpt_checkpoint,
+                                                                  tmp_path):
+    """CHECKPOINT_RESTORE_PATH=<Pax job directory>: what read_params gives, on [2,2,2]."""
+    from runner.core.spec import InitialWeights
+    from runner.state import initial_weights
+    from tests.helpers import make_trainer
+
+    job, _ = gpt_checkpoint
+    overrides = {**SIZES, "ICI_MESH_SHAPE": [2, 2, 2]}
+    trainer = make_trainer(tmp_path, **overrides)
+    params = initial_weights.load(
+        InitialWeights(str(job)), trainer.init_state()["params"],
+        trainer.abstract_state["params"],
+        experiments.BaseExperiment(**overrides).run_config().model)
+    expected = gpt_target.read(job)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        assert np.asarray(leaf).tobytes() == expected[name].tobytes(), name
+
+
 def test_padded_parameters_are_cut_to_their_true_shape(gpt_target, gpt_checkpoint, tmp_path):
     """paxml saves a parameter padded for an even split over the mesh, and its true shape in
     metadata/metadata; what is read is the true one."""

@@ -67,7 +67,7 @@ class _Source:
                             f"job_log_dir, a checkpoint directory, a Hugging Face model "
                             f"directory or a Pax checkpoint")
         self.directory, self.step = _paxloom_checkpoint(path)
-        self._reader = None
+        self._read = self._check_config = None  # a Paxloom checkpoint is read by orbax
         if self.step is not None:
             self.kind = f"checkpoint step {self.step} of {self.directory}"
             return
@@ -75,10 +75,10 @@ class _Source:
 
         if hf_format.is_hf_model_dir(path):
             self.kind = f"Hugging Face model {path}"
-            self._reader = hf_format
+            self._read, self._check_config = hf_format.read_params, hf_format.check_config
         elif pax_format.is_pax_checkpoint(path):
             self.kind = f"Pax checkpoint {path}"
-            self._reader = pax_format
+            self._read = pax_format.read_params
         else:
             raise UserError(f"{FLAG}={path} is neither a Paxloom run or checkpoint, a Hugging "
                             f"Face model directory (config.json + *.safetensors) nor a Pax "
@@ -88,7 +88,7 @@ class _Source:
         """{path: array laid out as abstract_params' leaf} for every name in `wanted`;
         UserError naming the first parameter the source lacks or holds in another shape."""
         targets = _flat(abstract_params)
-        if self._reader is None:
+        if self._read is None:
             shapes = checkpoints.saved_param_shapes(self.directory, self.step)
             self._check(shapes, targets, wanted)
             subset = _unflatten({name: targets[name] for name in wanted})
@@ -99,9 +99,9 @@ class _Source:
             arch = architecture.describe(self.model_config)
         except architecture.UnsupportedModel as error:
             raise UserError(f"{FLAG}: cannot map {self.kind} onto this model: {error}") from None
-        if hasattr(self._reader, "check_config"):
-            self._reader.check_config(self.path, arch)
-        arrays = self._reader.read_params(self.path, arch, abstract_params)
+        if self._check_config is not None:  # config.json against the run's model, first
+            self._check_config(self.path, arch)
+        arrays = self._read(self.path, arch, abstract_params)
         self._check({k: tuple(v.shape) for k, v in arrays.items()}, targets, wanted)
         return {name: _place(arrays[name], targets[name]) for name in wanted}
 
