@@ -156,6 +156,12 @@ def _exp(**overrides):
     (["--fdl.DATASET='sampel'"], "DATASET='sampel' is not a registered dataset"),
     (["--fdl.learning_rate=0.1"], "did you mean LEARNING_RATE?"),
     (["--fdl.loop.max_step=3"], "LoopSpec) has no field max_step (did you mean max_steps"),
+    (["--fdl.DATASET='synthetic'", "--fdl.LAMBADA_EVAL=False",
+      "--fdl.CHECKPOINT_RESTORE_PATH=/no/such/run"],
+     "CHECKPOINT_RESTORE_PATH=/no/such/run: no such file or directory"),
+    (["--fdl.DATASET='synthetic'", "--fdl.LAMBADA_EVAL=False",
+      f"--fdl.CHECKPOINT_RESTORE_PATH={os.path.dirname(__file__)}"],
+     "is neither a Paxloom run or checkpoint, a Hugging Face model directory"),
 ])
 def test_config_and_data_mistakes_are_one_line(tmp_path, args, message):
     flags = [f"--fdl.{k}={v!r}" for k, v in TINY.items() if k != "DATASET"]

@@ -1,13 +1,17 @@
-"""bench/ scripts run in CI in their CPU mode."""
+"""bench/ scripts run in their CPU mode (`make test-all`: a minute of make test's budget
+for a script that measures GPUs)."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.data_fixtures import REPO_ROOT
 
 
+@pytest.mark.slow  # 15-25 s on 2 cores: three fresh processes
 def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     """bench/gpu_bench.py's CPU mode (tiny shapes): a row with figures per implementation."""
     out = subprocess.run(

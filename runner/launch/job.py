@@ -154,6 +154,8 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
     mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
     source = checkpoints.restore_source(checkpoint_dir, options.restore_checkpoint_dir,
                                         options.restore_checkpoint_step, mode)
+    if source is None and run_spec.initial_weights is not None:
+        initial_weights.check_source(run_spec.initial_weights)
     if mode == "eval":
         return _evaluate(exp, config, run_spec, mesh, source, options)
     if run_spec.make_train_input is None:

@@ -158,6 +158,13 @@ def _place(array: np.ndarray, like) -> jax.Array:
     return jax.make_array_from_callback(array.shape, like.sharding, lambda index: array[index])
 
 
+def check_source(initial: InitialWeights) -> None:
+    """A path that is no checkpoint, or a rule that is no regex, fails now, in one line,
+    before anything is compiled."""
+    _compile(initial.ignore_rules)
+    _Source(initial.path, model_config=None)
+
+
 def load(initial: InitialWeights, params: dict, abstract_params: dict, model_config) -> dict:
     """`params` (freshly initialised, laid out as `abstract_params`) with every parameter
     that no ignore rule matches replaced by the source's; `model_config` is the run's
