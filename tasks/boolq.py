@@ -47,6 +47,7 @@ from runner.core.errors import UserError
 from runner.core.spec import Evaluation
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.packing import make_batch
+from tasks.text_formats import jsonl_records
 from tasks.vocab import PAD_ID
 
 ANSWER_WORDS = ("yes", "no")  # Pax's TRUE_TOKEN, FALSE_TOKEN: s.encode('yes'), s.encode('no')
@@ -96,26 +97,17 @@ def read_boolq(path) -> list[BoolQExample]:
         raise UserError(f"{path} does not exist; download BoolQ's train.jsonl and dev.jsonl "
                         f"from {SOURCE}")
     examples = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(raw)
-            except ValueError as e:
-                raise UserError(f"{where} is not valid JSON ({e}); fix the line or "
-                                f"re-download the file") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{where} is not a JSON object; each line must be "
-                                f'{{"question": ..., "passage": ..., "answer": true or false}}')
-            for key in ("question", "passage"):
-                if not isinstance(record.get(key), str):
-                    raise UserError(f'{where} has no "{key}" string; each line must be '
-                                    f'{{"question": ..., "passage": ..., "answer": true or '
-                                    f"false}}")
-            examples.append(BoolQExample(record["question"], record["passage"],
-                                         _answer(record, where), lineno))
+    for where, lineno, record in jsonl_records(path, fix="fix the line or re-download the file"):
+        if not isinstance(record, dict):
+            raise UserError(f"{where} is not a JSON object; each line must be "
+                            f'{{"question": ..., "passage": ..., "answer": true or false}}')
+        for key in ("question", "passage"):
+            if not isinstance(record.get(key), str):
+                raise UserError(f'{where} has no "{key}" string; each line must be '
+                                f'{{"question": ..., "passage": ..., "answer": true or '
+                                f"false}}")
+        examples.append(BoolQExample(record["question"], record["passage"],
+                                     _answer(record, where), lineno))
     if not examples:
         raise UserError(f"{path} has no examples; re-download it from {SOURCE}")
     return examples

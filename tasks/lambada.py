@@ -26,6 +26,7 @@ import numpy as np
 from runner.core.errors import UserError
 from tasks import tfds
 from tasks.packing import make_batch
+from tasks.text_formats import jsonl_records
 from tasks.vocab import PAD_ID, Vocabulary
 
 
@@ -61,26 +62,18 @@ def read_lambada(path) -> list[LambadaExample]:
             f"{path} does not exist; download it with `python scripts_gpu/download_lambada.py`"
         )
     examples = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(raw)
-            except ValueError as e:
-                raise UserError(f"{where} is not valid JSON ({e}); re-download the file") from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise UserError(
-                    f'{where} has no "text" string; each line must be {{"text": passage}}'
-                )
-            parts = split_target(text)
-            if parts is None:
-                raise UserError(
-                    f"{where} has fewer than two words, so no context and target; fix or remove it"
-                )
-            examples.append(LambadaExample(parts[0], parts[1], lineno))
+    for where, lineno, record in jsonl_records(path, fix="re-download the file"):
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise UserError(
+                f'{where} has no "text" string; each line must be {{"text": passage}}'
+            )
+        parts = split_target(text)
+        if parts is None:
+            raise UserError(
+                f"{where} has fewer than two words, so no context and target; fix or remove it"
+            )
+        examples.append(LambadaExample(parts[0], parts[1], lineno))
     if not examples:
         raise UserError(f"{path} has no examples; re-download it")
     return examples

@@ -295,6 +295,21 @@ def _jsonl_texts(path: Path, stats: ReadStats, field: str, with_set_name: bool) 
 # --- parquet, arrow ----------------------------------------------------------------------
 
 
+def jsonl_records(path: Path, fix: str) -> Iterator[tuple[str, int, object]]:
+    """(file:line, line number, parsed value) of every non-blank line of a jsonl file that
+    must be whole (an evaluation set): a line that is not JSON is a UserError naming
+    file:line and `fix`, never skipped. Training corpora skip bad lines instead."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, lineno, json.loads(raw)
+            except ValueError as e:
+                raise UserError(f"{where} is not valid JSON ({e}); {fix}") from None
+
+
 def _pyarrow(path):
     try:
         import pyarrow
