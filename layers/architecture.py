@@ -428,10 +428,6 @@ def _mismatch(condition: bool, what: str) -> None:
         raise WeightMismatch(what)
 
 
-def _is_adapter(key: str) -> bool:
-    return "lora" in key.lower()
-
-
 def _fit(built: dict, like: dict, where: str) -> dict:
     """`built`'s arrays in `like`'s tree and shapes, as float32; `like` holds shapes or
     objects with a `.shape`. Shapes may differ only by axes of size 1 (praxis stores a
@@ -439,7 +435,7 @@ def _fit(built: dict, like: dict, where: str) -> dict:
     out = {}
     for key, spec in like.items():
         path = f"{where}/{key}"
-        if _is_adapter(key):
+        if lora.is_adapter(key):
             continue
         if isinstance(spec, dict):
             _mismatch(isinstance(built.get(key), dict), f"no weights for {path}")
@@ -467,7 +463,7 @@ def _map_shapes(like: dict, fn) -> dict:
     """`like` with each non-adapter leaf replaced by fn(its shape as a tuple)."""
     return {k: _map_shapes(v, fn) if isinstance(v, dict)
             else fn(tuple(v) if isinstance(v, tuple) else tuple(v.shape))
-            for k, v in like.items() if not _is_adapter(k)}
+            for k, v in like.items() if not lora.is_adapter(k)}
 
 
 def _assign(stacked: dict, one: dict, i: int) -> None:

@@ -92,6 +92,12 @@ def param_path(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
+def flat_params(tree) -> dict:
+    """{parameter path: leaf} of a parameter tree (arrays, numpy or abstract)."""
+    return {param_path(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def param_shapes(params) -> dict[str, dict]:
     """{'lm/softmax/embedding/w': {'shape': [V, D], 'dtype': 'float32'}, ...} of a (abstract) tree."""
     return {

@@ -31,6 +31,7 @@ from safetensors import safe_open
 
 from layers.architecture import Architecture, WeightMismatch, praxis_params
 from runner.core.errors import UserError
+from runner.state.checkpoints import flat_params
 
 GPT2 = "GPT2LMHeadModel"
 LLAMA = "LlamaForCausalLM"
@@ -521,16 +522,6 @@ def _llama_canonical(tensors: _Tensors, arch: Architecture) -> dict:
             "layers": layers()}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def read_params(path, arch: Architecture, like: dict) -> dict[str, np.ndarray]:
     """The checkpoint's weights as float32 arrays keyed by parameter path
     ("lm/transformer/x_layers_0/self_attention/combined_qkv/w", as checkpoints name them),
@@ -550,4 +541,4 @@ def read_params(path, arch: Architecture, like: dict) -> dict[str, np.ndarray]:
         except WeightMismatch as error:
             raise UserError(f"{path}: the checkpoint does not fit the run's model: "
                             f"{error}") from None
-    return _flatten(params)
+    return flat_params(params)

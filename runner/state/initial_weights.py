@@ -32,11 +32,6 @@ from runner.state import checkpoints
 FLAG = "CHECKPOINT_RESTORE_PATH"
 
 
-def _flat(tree) -> dict:
-    return {checkpoints.param_path(path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 def _compile(rules: list[str]) -> list[re.Pattern]:
     compiled = []
     for rule in rules:
@@ -67,7 +62,7 @@ class _Source:
                             f"job_log_dir, a checkpoint directory, a Hugging Face model "
                             f"directory or a Pax checkpoint")
         self.directory, self.step = _paxloom_checkpoint(path)
-        self._read = self._check_config = None  # a Paxloom checkpoint is read by orbax
+        self._read = None  # a Paxloom checkpoint is read by orbax
         if self.step is not None:
             self.kind = f"checkpoint step {self.step} of {self.directory}"
             return
@@ -75,7 +70,7 @@ class _Source:
 
         if hf_format.is_hf_model_dir(path):
             self.kind = f"Hugging Face model {path}"
-            self._read, self._check_config = hf_format.read_params, hf_format.check_config
+            self._read = hf_format.read_params  # checks config.json against the model first
         elif pax_format.is_pax_checkpoint(path):
             self.kind = f"Pax checkpoint {path}"
             self._read = pax_format.read_params
@@ -87,20 +82,19 @@ class _Source:
     def read(self, abstract_params: dict, wanted: list[str]) -> dict:
         """{path: array laid out as abstract_params' leaf} for every name in `wanted`;
         UserError naming the first parameter the source lacks or holds in another shape."""
-        targets = _flat(abstract_params)
+        targets = checkpoints.flat_params(abstract_params)
         if self._read is None:
             shapes = checkpoints.saved_param_shapes(self.directory, self.step)
             self._check(shapes, targets, wanted)
             subset = _unflatten({name: targets[name] for name in wanted})
-            return _flat(checkpoints.restore_params(self.directory, self.step, subset))
+            return checkpoints.flat_params(
+                checkpoints.restore_params(self.directory, self.step, subset))
         from layers import architecture
 
         try:
             arch = architecture.describe(self.model_config)
         except architecture.UnsupportedModel as error:
             raise UserError(f"{FLAG}: cannot map {self.kind} onto this model: {error}") from None
-        if self._check_config is not None:  # config.json against the run's model, first
-            self._check_config(self.path, arch)
         arrays = self._read(self.path, arch, abstract_params)
         self._check({k: tuple(v.shape) for k, v in arrays.items()}, targets, wanted)
         return {name: _place(arrays[name], targets[name]) for name in wanted}
@@ -170,7 +164,7 @@ def load(initial: InitialWeights, params: dict, abstract_params: dict, model_con
     that no ignore rule matches replaced by the source's; `model_config` is the run's
     praxis model config, for sources in another layout."""
     rules = _compile(initial.ignore_rules)
-    names = list(_flat(abstract_params))
+    names = list(checkpoints.flat_params(abstract_params))
     for rule in rules:
         if not any(_matches(rule, name) for name in names):
             raise UserError(f"CHECKPOINT_IGNORE_RULES: {rule.pattern!r} matches no parameter "

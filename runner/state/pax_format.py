@@ -40,13 +40,14 @@ import json
 import os
 import re
 
-import jax
 import numpy as np
 import tensorstore as ts
 
+from layers import lora
 from layers.architecture import Architecture, Norm
 from runner.core.errors import UserError
 from runner.core.log import log
+from runner.state.checkpoints import flat_params
 
 _STEP_NAME = re.compile(r"checkpoint_(\d+)")  # tmp saves are named differently
 _COMMIT_FILE = "commit_success.txt"
@@ -412,16 +413,15 @@ def read_params(path, arch: Architecture, like: dict, *,
         raise UserError(f"{arrays.directory}: no mdl_vars.params.* arrays; not a Pax "
                         f"checkpoint of a model's parameters")
     source = _Source(arrays)
-    targets = {jax.tree_util.keystr(p, simple=True, separator="/"): tuple(leaf.shape)
-               for p, leaf in jax.tree_util.tree_flatten_with_path(like)[0]}
-    targets = {name: shape for name, shape in targets.items() if "lora" not in name}
+    targets = {name: tuple(leaf.shape) for name, leaf in flat_params(like).items()
+               if not lora.is_adapter(name)}
     saved_layers = source.num_layers()
     if saved_layers is not None and saved_layers != arch.num_layers:
         raise UserError(f"{arrays.directory}: the Pax checkpoint has {saved_layers} layers and "
                         f"this model {arch.num_layers}; set NUM_LAYERS={saved_layers}")
     groups = _plan(arrays, source, arch, targets)
     used = {n for _, names, _ in groups.values() for n in names}
-    unused = sorted(n for n in arrays.drivers if n not in used and "lora" not in n)
+    unused = sorted(n for n in arrays.drivers if n not in used and not lora.is_adapter(n))
     if unused:
         raise UserError(f"{arrays.file(unused[0])}"
                         + (f" (and {len(unused) - 1} more)" if len(unused) > 1 else "")
