@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from runner.state.checkpoints import param_path
+
 
 def linear_rampup_cosine_decay(
     *, learning_rate: float, warmup_steps: int, decay_start: int, decay_end: int, min_ratio: float
@@ -73,11 +75,9 @@ def train_only(tx: optax.GradientTransformation, trainable: str) -> TrainOnly:
     """`tx` on the parameters matching `trainable` (see TrainOnly) and nothing on the others:
     their updates are zero and the optimizer state holds nothing for them (no Adam moments),
     and gradient clipping and weight decay in `tx` see only the trainable ones."""
-    pattern = re.compile(trainable)
-
     def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "trainable" if pattern.match(_path(path)) else "frozen", params)
+        return jax.tree_util.tree_map(lambda train: "trainable" if train else "frozen",
+                                      _matching(trainable, params))
 
     masked = optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)
     return TrainOnly(masked.init, masked.update, trainable)
@@ -85,9 +85,9 @@ def train_only(tx: optax.GradientTransformation, trainable: str) -> TrainOnly:
 
 def trainable_mask(tx, params):
     """A tree of bools like `params`: which parameters `tx` trains (all, unless TrainOnly)."""
-    pattern = re.compile(tx.trainable) if isinstance(tx, TrainOnly) else None
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: pattern is None or bool(pattern.match(_path(path))), params)
+    if isinstance(tx, TrainOnly):
+        return _matching(tx.trainable, params)
+    return jax.tree_util.tree_map(lambda _: True, params)
 
 
 def stop_frozen_gradients(tx, params):
@@ -97,5 +97,8 @@ def stop_frozen_gradients(tx, params):
                                   params, trainable_mask(tx, params))
 
 
-def _path(path) -> str:
-    return jax.tree_util.keystr(path, simple=True, separator="/")
+def _matching(pattern: str, params):
+    """A tree of bools like `params`: whose path (checkpoints.param_path) matches `pattern`."""
+    regex = re.compile(pattern)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: regex.match(param_path(path)) is not None, params)
