@@ -84,10 +84,24 @@ class BaseExperiment:
     RESIDUAL_DROPOUT_PROB: float | None = None  # on each residual branch
     RELU_DROPOUT_PROB: float | None = None  # inside the feed-forward
 
-    # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP) ---
+    # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP; stage = PP) ---
+    # [replica, data, mdl], or [stage, replica, data, mdl] with pipeline stages (as Pax's
+    # pipelined configs); a three-entry shape has one stage.
     ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
     DCN_MESH_SHAPE: list[int] = [1, 1, 1]  # across nodes / processes
-    PERCORE_BATCH_SIZE: float = 1  # GLOBAL_BATCH_SIZE = this x number of devices
+    # GLOBAL_BATCH_SIZE = this x number of devices: the sequences of one optimizer update.
+    PERCORE_BATCH_SIZE: float = 1
+    # Split each update's global batch into this many sub-batches run one after another
+    # inside the step; their gradients are summed, then one update (MaxText's name).
+    GRADIENT_ACCUMULATION_STEPS: int = 1
+
+    # --- Pipeline parallelism (Pax's TransformerLmSpmdPipelineAdam names; praxis
+    # PipelinedTransformer). Used when the mesh has more than one stage. ---
+    NUM_STAGES: int | None = None  # None: the mesh's stage size; if set, it must equal it
+    NUM_MICROBATCHES: int | None = None  # microbatches per sub-batch; or MICROBATCH_SIZE
+    MICROBATCH_SIZE: int | None = None  # sequences per microbatch; or NUM_MICROBATCHES
+    CIRCULAR_REPEAT: int = 1  # >1: each stage holds this many layer blocks, visited in turn
+    STREAM_IO: bool = False  # stream microbatch inputs/outputs across stages (for DCN)
 
     # --- Optimizer: AdamW, global-norm clipping, linear rampup + cosine decay ---
     LEARNING_RATE: float = 6e-4
@@ -195,13 +209,18 @@ class BaseExperiment:
                             f"loss in one pass)")
         if self.PERCORE_BATCH_SIZE <= 0:
             raise UserError(f"PERCORE_BATCH_SIZE={self.PERCORE_BATCH_SIZE} must be positive")
+        if self.GRADIENT_ACCUMULATION_STEPS < 1:
+            raise UserError(f"GRADIENT_ACCUMULATION_STEPS={self.GRADIENT_ACCUMULATION_STEPS} "
+                            f"must be >= 1 (1: one pass over the global batch per update)")
         for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
             shape = getattr(self, name)
-            if len(shape) != 3 or any(d < 1 for d in shape):
+            if len(shape) not in (3, 4) or any(d < 1 for d in shape):
                 raise UserError(
                     f"{name}={shape} must be three positive sizes [data, fsdp, tensor], "
-                    f"e.g. [8,1,1] for pure data parallelism on 8 devices"
+                    f"e.g. [8,1,1] for pure data parallelism on 8 devices, or four with "
+                    f"pipeline stages first, e.g. [2,1,4,1]"
                 )
+        self._validate_pipeline()
         if not (math.isfinite(self.LEARNING_RATE) and self.LEARNING_RATE > 0):
             raise UserError(f"LEARNING_RATE={self.LEARNING_RATE} must be a positive number, "
                             f"e.g. 6e-4")
@@ -224,6 +243,59 @@ class BaseExperiment:
                             f"LoRA off)")
         if type(self).dataset is BaseExperiment.dataset:
             self.dataset()  # an unregistered DATASET fails now, with its near match
+
+    def num_stages(self) -> int:
+        """Pipeline stages: the stage entries of a four-entry ICI x DCN mesh shape."""
+        return math.prod(shape[0] for shape in (self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE)
+                         if len(shape) == 4)
+
+    def _validate_pipeline(self) -> None:
+        """The pipeline hyperparameters against each other, the layers and the batch (the
+        batch of one sub-batch: GLOBAL_BATCH_SIZE / GRADIENT_ACCUMULATION_STEPS)."""
+        stages, repeat = self.num_stages(), self.CIRCULAR_REPEAT
+        if self.NUM_STAGES is not None and self.NUM_STAGES != stages:
+            raise UserError(f"NUM_STAGES={self.NUM_STAGES}, but the mesh has {stages} stage(s) "
+                            f"(ICI_MESH_SHAPE[0] x DCN_MESH_SHAPE[0] of four-entry shapes); "
+                            f"make them equal")
+        if repeat < 1:
+            raise UserError(f"CIRCULAR_REPEAT={repeat} must be >= 1 (1 is GPipe)")
+        if stages == 1:
+            return
+        if self.NUM_LAYERS % (stages * repeat):
+            raise UserError(
+                f"NUM_LAYERS={self.NUM_LAYERS} does not split into {stages} stages x "
+                f"CIRCULAR_REPEAT={repeat} blocks of whole layers; make NUM_LAYERS a multiple "
+                f"of {stages * repeat} or change the stage count (ICI_MESH_SHAPE[0])")
+        if (self.NUM_MICROBATCHES is None) == (self.MICROBATCH_SIZE is None):
+            raise UserError(f"a pipelined mesh ({stages} stages) needs exactly one of "
+                            f"NUM_MICROBATCHES or MICROBATCH_SIZE, e.g. "
+                            f"--fdl.NUM_MICROBATCHES={2 * stages}")
+        devices = math.prod(self.ICI_MESH_SHAPE) * math.prod(self.DCN_MESH_SHAPE)
+        batch = self.PERCORE_BATCH_SIZE * devices / self.GRADIENT_ACCUMULATION_STEPS
+        if batch != int(batch):  # the runtime names the whole-batch errors
+            return
+        batch = int(batch)
+        what = (f"the batch of {batch} sequences (PERCORE_BATCH_SIZE={self.PERCORE_BATCH_SIZE}"
+                f" x {devices} devices / GRADIENT_ACCUMULATION_STEPS="
+                f"{self.GRADIENT_ACCUMULATION_STEPS})")
+        name, value = (("NUM_MICROBATCHES", self.NUM_MICROBATCHES) if self.MICROBATCH_SIZE is None
+                       else ("MICROBATCH_SIZE", self.MICROBATCH_SIZE))
+        if value < 1 or batch % value:
+            raise UserError(f"{name}={value} does not divide {what}; pick a divisor of {batch}")
+        microbatches = value if name == "NUM_MICROBATCHES" else batch // value
+        shards = math.prod(
+            (self.ICI_MESH_SHAPE[-3:][i] * self.DCN_MESH_SHAPE[-3:][i]) for i in (0, 1))
+        if (batch // microbatches) % shards:
+            raise UserError(
+                f"{name}={value} makes microbatches of {batch // microbatches} sequences, which "
+                f"do not split over the {shards} replica x data shards of each stage; use "
+                f"fewer, larger microbatches")
+        if repeat > 1 and microbatches < stages:
+            raise UserError(f"the circular schedule (CIRCULAR_REPEAT={repeat}) needs at least "
+                            f"as many microbatches as stages: {microbatches} < {stages}")
+        if self.STREAM_IO and microbatches % stages:
+            raise UserError(f"STREAM_IO needs a number of microbatches ({microbatches}) that "
+                            f"is a multiple of the {stages} stages")
 
     # --- The model seam -------------------------------------------------------------
 

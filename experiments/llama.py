@@ -33,7 +33,7 @@ class LlamaBase(BaseExperiment):
         if self.NUM_KV_HEADS < 1 or self.NUM_HEADS % self.NUM_KV_HEADS:
             raise UserError(f"NUM_HEADS={self.NUM_HEADS} must be a multiple of "
                             f"NUM_KV_HEADS={self.NUM_KV_HEADS}")
-        tensor_parallel = self.ICI_MESH_SHAPE[2] * self.DCN_MESH_SHAPE[2]
+        tensor_parallel = self.ICI_MESH_SHAPE[-1] * self.DCN_MESH_SHAPE[-1]
         if self.NUM_KV_HEADS % tensor_parallel:
             raise UserError(f"NUM_KV_HEADS={self.NUM_KV_HEADS} does not split over the "
                             f"{tensor_parallel}-way tensor-parallel mesh axis; use a multiple "

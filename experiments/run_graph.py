@@ -4,11 +4,14 @@ Everything the run will do is visible in this graph before it starts: main.py
 writes it to job_log_dir and `--print_config` shows it.
 """
 
+import math
+
 import fiddle as fdl
 import jax
 
-from layers import attention, lora
+from layers import attention, lora, stack
 from layers.stack import transformer_layer_template
+from runner.cluster.mesh import with_stage_axis
 from runner.core import spec
 from runner.core.errors import UserError
 from runner.core.log import log
@@ -18,12 +21,19 @@ from runner.state import optimizer, partitioning
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,
                      cache_dir: str | None = None, plan_for_hopper: bool | None = None
                      ) -> fdl.Config:
-    mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=list(exp.ICI_MESH_SHAPE),
-                      dcn_mesh_shape=list(exp.DCN_MESH_SHAPE))
-    # The experiment says what the model is; sharding for the mesh comes last, once.
+    mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=with_stage_axis(exp.ICI_MESH_SHAPE),
+                      dcn_mesh_shape=with_stage_axis(exp.DCN_MESH_SHAPE))
+    # The experiment says what the model is; the pipeline stages and the sharding for the
+    # mesh come last, once.
     model = _with_attention_impl(exp, exp.model_template(), plan_for_hopper)
     if exp.USE_LORA:
         model = _with_lora(exp, model)
+    pipeline = _pipeline(exp)
+    if pipeline is not None:
+        model.lm_tpl.stacked_transformer_tpl = stack.pipelined(
+            model.lm_tpl.stacked_transformer_tpl, num_stages=exp.num_stages(),
+            circular_repeat=exp.CIRCULAR_REPEAT, num_microbatches=exp.NUM_MICROBATCHES,
+            microbatch_size=exp.MICROBATCH_SIZE, stream_io=exp.STREAM_IO)
     model = partitioning.shard_model(model, spec.mesh_size(mesh))
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
@@ -62,6 +72,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
             skip_nonfinite_steps=exp.SKIP_NONFINITE_STEPS,
             percore_batch_size=exp.PERCORE_BATCH_SIZE,
             random_seed=exp.RANDOM_SEED,
+            gradient_accumulation_steps=exp.GRADIENT_ACCUMULATION_STEPS,
         ),
         model_shape=fdl.Config(spec.ModelShape, num_layers=exp.NUM_LAYERS,
                                num_heads=exp.NUM_HEADS, dims_per_head=exp.DIMS_PER_HEAD,
@@ -70,7 +81,22 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         evals=exp.evaluations(settings),
         tokenizer=exp.dataset().tokenizer(settings),
         initial_weights=_initial_weights(exp),
+        pipeline=pipeline,
     )
+
+
+def _pipeline(exp) -> fdl.Config | None:
+    """The pipeline schedule of a mesh with several stages (checked in exp.validate)."""
+    stages = exp.num_stages()
+    if stages == 1:
+        return None
+    microbatches = exp.NUM_MICROBATCHES
+    if microbatches is None:
+        devices = math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE)
+        sub_batch = round(exp.PERCORE_BATCH_SIZE * devices) // exp.GRADIENT_ACCUMULATION_STEPS
+        microbatches = sub_batch // exp.MICROBATCH_SIZE
+    return fdl.Config(spec.PipelineSpec, num_stages=stages, num_microbatches=microbatches,
+                      circular_repeat=exp.CIRCULAR_REPEAT)
 
 
 def _initial_weights(exp) -> fdl.Config | None:

@@ -68,3 +68,31 @@ def _num_shards_on_dim(dim_sharding) -> int:
 
 _py_utils.global_mesh_defined = _global_mesh_defined
 _sharding.num_shards_on_dim = _num_shards_on_dim
+
+# praxis's circular pipeline (pipeline.CircularLayerwiseShardablePipelined) initialises its
+# [circular_repeat, stages, ...] weights with an nn.vmap over the repeats nested around the
+# vmap over the stages, both naming the stage mesh axis as spmd_axis_name. jax 0.4.26
+# accepted that; newer jax refuses a sharding constraint inside that names an enclosing
+# vmap's spmd axis ("vmap spmd_axis_name ('stage',) cannot appear in
+# with_sharding_constraint spec"). The repeats' dimension is not sharded (praxis's own
+# sub_weight_split_dims_mapping for it is (None,)), so that vmap needs no spmd axis.
+import flax.linen as _nn  # noqa: E402
+from praxis.layers import pipeline as _pipeline  # noqa: E402
+
+
+class _PipelineFlax:
+    """flax.linen as praxis.layers.pipeline sees it: vmap drops the spmd axis of the
+    circular repeats' vmap (the one whose metadata carries 'x_times')."""
+
+    def __getattr__(self, name):
+        return getattr(_nn, name)
+
+    @staticmethod
+    def vmap(target, *args, metadata_params=None, spmd_axis_name=None, **kwargs):
+        if metadata_params and "x_times" in metadata_params:
+            spmd_axis_name = None
+        return _nn.vmap(target, *args, metadata_params=metadata_params,
+                        spmd_axis_name=spmd_axis_name, **kwargs)
+
+
+_pipeline.nn = _PipelineFlax()

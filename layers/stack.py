@@ -71,10 +71,43 @@ def transformer_stack(
 
 
 def transformer_layer_template(stack: pax_fiddle.Config) -> pax_fiddle.Config:
-    """The per-layer Transformer template of a stack config, repeated or not."""
+    """The per-layer Transformer template of a stack config, repeated, pipelined or not."""
+    if issubclass(stack.cls, transformers.PipelinedTransformer):
+        stack = stack.pipeline_stage
     if issubclass(stack.cls, transformers.StackedTransformerRepeated):
         stack = stack.block
     return stack.transformer_layer_params_tpl
+
+
+def pipelined(stack: pax_fiddle.Config, *, num_stages: int, circular_repeat: int = 1,
+              num_microbatches: int | None = None, microbatch_size: int | None = None,
+              stream_io: bool = False) -> pax_fiddle.Config:
+    """`stack` split into `num_stages` x `circular_repeat` blocks of consecutive layers,
+    run by praxis's PipelinedTransformer (GPipe, or the circular schedule when
+    `circular_repeat` > 1), as paxml's TransformerLmSpmdPipelineAdam builds it.
+
+    Each block is the stack itself with fewer layers, so every layer template (attention,
+    norms, LoRA) and the remat policy carry over. The caller checks that the blocks
+    divide the layers.
+    """
+    blocks = num_stages * circular_repeat
+    stage = stack.clone()
+    if issubclass(stack.cls, transformers.StackedTransformerRepeated):
+        stage.x_times = stack.x_times // blocks
+    else:
+        stage.num_layers = stack.num_layers // blocks
+    return pax_fiddle.Config(
+        transformers.PipelinedTransformer,
+        pipeline_stage=stage,
+        num_pipeline_stages=num_stages,
+        circular_repeat=circular_repeat,
+        num_pipeline_microbatches=num_microbatches,
+        pipeline_microbatch_size=microbatch_size,
+        stream_io=stream_io,
+        # Each pipeline iteration is rematerialised like one layer of the stack
+        # (CHECKPOINT_POLICY; "none" saves everything).
+        checkpoint_policy=stack.checkpoint_policy,
+    )
 
 
 def language_model(lm: pax_fiddle.Config, *, fprop_dtype: str, init_std: float

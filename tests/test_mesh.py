@@ -7,11 +7,12 @@ from runner.cluster import mesh as mesh_lib
 from runner.core.errors import UserError
 
 
-@pytest.mark.parametrize("ici", [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2]])
+@pytest.mark.parametrize("ici", [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2], [2, 1, 2, 2]])
 def test_mesh_axes_follow_ici_shape(ici):
     mesh = mesh_lib.create_mesh(ici, [1, 1, 1])
-    assert mesh.axis_names == ("replica", "data", "mdl")
-    assert mesh_lib.mesh_shape(mesh) == tuple(ici)
+    assert mesh.axis_names == ("stage", "replica", "data", "mdl")
+    # A three-entry shape [replica, data, mdl] has one stage.
+    assert mesh_lib.mesh_shape(mesh) == tuple([1] * (4 - len(ici)) + ici)
 
 
 def test_wrong_product_names_count_and_suggests_a_shape():
@@ -33,6 +34,7 @@ def test_dcn_must_match_process_count():
     ([4, 1, 2], 0.5, 4),   # Pax README: TP=2 with 0.5 -> one sequence per model replica
     ([2, 2, 2], 0.5, 4),
     ([1, 1, 8], 0.125, 1),
+    ([2, 1, 2, 2], 0.5, 4),  # pipeline stages split the input batch too (seed: fractional)
 ])
 def test_global_batch_is_percore_times_devices(ici, percore, expected):
     mesh = mesh_lib.create_mesh(ici, [1, 1, 1])

@@ -1,8 +1,9 @@
-"""The device mesh and the global batch: ICI x DCN over axes (replica, data, mdl).
+"""The device mesh and the global batch: ICI x DCN over axes (stage, replica, data, mdl).
 
 ICI_MESH_SHAPE lays out the devices of one node (NVLink); DCN_MESH_SHAPE lays out the
 nodes (the slow network between them). The mesh size along each axis is
-ici[i] * dcn[i]. A node is one process, as jax's hybrid mesh has it, or, when a job
+ici[i] * dcn[i]. A shape of three entries [replica, data, mdl] has one pipeline stage;
+four entries put the stage count first, as Pax's pipelined configs do. A node is one process, as jax's hybrid mesh has it, or, when a job
 runs several processes per node (Pax's example_slurm_pile.sub starts one per GPU),
 the processes that share a node: SLURM_NODEID where srun set it, else the host name.
 """
@@ -20,12 +21,20 @@ from jax.sharding import PartitionSpec as P
 
 from runner.core.errors import UserError
 
-# (DP, FSDP, TP). Model weights are laid out on (data, mdl) and replicated over replica.
-MESH_AXIS_NAMES = ("replica", "data", "mdl")
+# (PP, DP, FSDP, TP). Decoder layers are split over stage; model weights are laid out on
+# (data, mdl) and replicated over replica.
+MESH_AXIS_NAMES = ("stage", "replica", "data", "mdl")
 
-# Activations' batch dimension is split over these axes (DP and FSDP); the
-# tensor-parallel axis sees the whole batch.
-BATCH_AXES = ("replica", "data")
+# The input batch is split over these axes (DP and FSDP, and the stages: outside the
+# pipelined layers, the embedding and softmax run data-parallel over them, as in Pax);
+# the tensor-parallel axis sees the whole batch.
+BATCH_AXES = ("stage", "replica", "data")
+
+
+def with_stage_axis(shape) -> list[int]:
+    """A mesh shape over MESH_AXIS_NAMES: a three-entry [replica, data, mdl] gets stage 1."""
+    shape = list(shape)
+    return [1, *shape] if len(shape) == len(MESH_AXIS_NAMES) - 1 else shape
 
 
 def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
@@ -33,18 +42,19 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     num_processes = len({d.process_index for d in devices})
     num_devices = len(devices)
-    ici, dcn = list(ici_mesh_shape), list(dcn_mesh_shape)
+    ici, dcn = with_stage_axis(ici_mesh_shape), with_stage_axis(dcn_mesh_shape)
     if math.prod(ici) * math.prod(dcn) != num_devices:
         per_process = num_devices // num_processes
         raise UserError(
-            f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers "
+            f"ICI_MESH_SHAPE={list(ici_mesh_shape)} x DCN_MESH_SHAPE={list(dcn_mesh_shape)} "
+            f"covers "
             f"{math.prod(ici) * math.prod(dcn)} devices, but this job has {num_devices} "
             f"({num_processes} process(es) x {per_process}); try "
             f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
         )
     if num_processes == 1:
         if math.prod(dcn) != 1:
-            raise _dcn_error(dcn, num_processes)
+            raise _dcn_error(dcn_mesh_shape, num_processes)
         return Mesh(np.asarray(devices).reshape(ici), MESH_AXIS_NAMES)
     if math.prod(dcn) == num_processes:
         device_array = mesh_utils.create_hybrid_device_mesh(
@@ -53,14 +63,14 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
         return Mesh(device_array, MESH_AXIS_NAMES)
     nodes = _devices_by_node(devices)
     if len(nodes) != math.prod(dcn) or any(len(d) != math.prod(ici) for d in nodes):
-        raise _dcn_error(dcn, num_processes, len(nodes))
+        raise _dcn_error(dcn_mesh_shape, num_processes, len(nodes))
     return Mesh(_hybrid(ici, dcn, nodes), MESH_AXIS_NAMES)
 
 
 def _dcn_error(dcn, num_processes: int, num_nodes: int | None = None) -> UserError:
     nodes = f" on {num_nodes} nodes" if num_nodes is not None else ""
     return UserError(
-        f"DCN_MESH_SHAPE={dcn} has {math.prod(dcn)} slices, but there are {num_processes} "
+        f"DCN_MESH_SHAPE={list(dcn)} has {math.prod(dcn)} slices, but there are {num_processes} "
         f"processes{nodes}; DCN_MESH_SHAPE spans nodes and ICI_MESH_SHAPE the devices of each, "
         f"e.g. --fdl.DCN_MESH_SHAPE=[{num_nodes or num_processes},1,1]"
     )
@@ -96,7 +106,7 @@ def mesh_shape(mesh: Mesh) -> tuple[int, ...]:
 def global_batch_size(percore_batch_size: float, mesh: Mesh) -> int:
     """GLOBAL_BATCH_SIZE = PERCORE_BATCH_SIZE x devices, whatever the strategy (Pax rule).
 
-    PERCORE_BATCH_SIZE may be fractional with tensor parallelism: with TP=2,
+    PERCORE_BATCH_SIZE may be fractional with tensor or pipeline parallelism: with TP=2,
     0.5 gives each model replica one sequence per step.
     """
     num_devices = mesh.devices.size
@@ -110,12 +120,11 @@ def global_batch_size(percore_batch_size: float, mesh: Mesh) -> int:
             f"product is an integer, e.g. {max(1, round(exact)) / num_devices:g}"
         )
     if batch % batch_shards:
-        tp = mesh.shape["mdl"]
         raise UserError(
             f"GLOBAL_BATCH_SIZE={batch} (PERCORE_BATCH_SIZE={percore_batch_size} x "
             f"{num_devices} devices) does not split over {batch_shards} data-parallel "
-            f"shards (replica x data); the smallest PERCORE_BATCH_SIZE for this mesh is "
-            f"{1 / tp:g}, and it must be a multiple of that"
+            f"shards (stage x replica x data); the smallest PERCORE_BATCH_SIZE for this mesh "
+            f"is {batch_shards / num_devices:g}, and it must be a multiple of that"
         )
     return batch
 

@@ -35,6 +35,23 @@ class LoopSpec:
     skip_nonfinite_steps: bool
     percore_batch_size: float
     random_seed: int
+    gradient_accumulation_steps: int = 1  # sub-batches per optimizer update
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSpec:
+    """The pipeline schedule of a model whose layers are split over mesh stages."""
+
+    num_stages: int
+    num_microbatches: int  # per sub-batch
+    circular_repeat: int = 1
+
+    def bubble_fraction(self) -> float:
+        """The share of each stage's time spent idle: (S-1)/(R*M+S-1) for S stages, M
+        microbatches and R circular repeats (GPipe when R=1): every stage does R*M units
+        of work over the R*M+S-1 iterations the schedule takes."""
+        s, m, r = self.num_stages, self.num_microbatches, self.circular_repeat
+        return (s - 1) / (r * m + s - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,3 +126,4 @@ class RunSpec:
     # object decode and export use; None when the data are token ids (synthetic).
     tokenizer: Any = None
     initial_weights: InitialWeights | None = None  # None: initialised from RANDOM_SEED
+    pipeline: PipelineSpec | None = None  # None: one stage

@@ -1,9 +1,12 @@
 """Sharding a model template for the mesh: applied once, last, whatever the template holds.
 
 Experiments build unsharded praxis templates (BaseExperiment.model_template); this
-adds praxis's canonical "v1" annotations for the (replica, data, mdl) mesh: weights
-laid out on (data, mdl) and replicated over replica, activations split on the batch
-over (replica, data) and on model dimensions over mdl. Because it runs after the
+adds praxis's canonical "v1" annotations for the (stage, replica, data, mdl) mesh:
+weights laid out on (data, mdl) and replicated over replica, activations split on the
+batch over (replica, data) and on model dimensions over mdl. A pipelined stack
+(praxis PipelinedTransformer) also has its stage dimension on stage, and the layers
+outside it (embedding, softmax) split the batch over stage too, as paxml's
+TransformerLmSpmdPipelineAdafactor lays them out. Because it runs after the
 experiment has swapped any layer template (attention, feed-forward, norm), the
 swapped layers are annotated like the ones they replaced.
 """
@@ -12,9 +15,9 @@ import copy
 
 import fiddle as fdl
 from praxis import pax_fiddle
-from praxis.layers import embedding_softmax
+from praxis.layers import embedding_softmax, transformers
 
-from runner.cluster.mesh import MESH_AXIS_NAMES
+from runner.cluster.mesh import BATCH_AXES, MESH_AXIS_NAMES
 
 
 def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
@@ -24,7 +27,7 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
     """
     model = copy.deepcopy(template)
     mesh_shape = list(mesh_shape)
-    replica, data, mdl = MESH_AXIS_NAMES
+    stage, replica, data, mdl = MESH_AXIS_NAMES
     lm = model.lm_tpl
     # praxis's helper also switches shared embeddings to one-hot matmul lookups;
     # the template's own choice of lookup is kept.
@@ -60,10 +63,25 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
                 setattr(lm.softmax_tpl, name, value)
     for name, style in lookups.items():
         getattr(lm, name).lookup_style = style
+    if issubclass(lm.stacked_transformer_tpl.cls, transformers.PipelinedTransformer):
+        _shard_pipeline(lm, stage, mdl)
     model.lm_tpl = lm
     model.ici_mesh_shape = mesh_shape
     model.mesh_axis_names = list(MESH_AXIS_NAMES)
     return model
+
+
+def _shard_pipeline(lm: pax_fiddle.Config, stage: str, mdl: str) -> None:
+    """The stage dimension of the pipelined layers' weights on `stage`; the embedding
+    lookup (the separate embedding, or the tied softmax) and the pipeline's output in
+    data parallelism over every batch axis."""
+    pipeline = lm.stacked_transformer_tpl
+    pipeline.weight_split_dims_mapping.stages = [stage]
+    activations = [BATCH_AXES, None, mdl]
+    pipeline.activation_split_dims_mapping.final_out = activations
+    embedding = lm.separate_embedding_tpl or lm.softmax_tpl
+    embedding.activation_split_dims_mapping.emb_out_split_dims_mapping = activations
+    embedding.activation_split_dims_mapping.out = activations
 
 
 def _has_lookup_style(layer) -> bool:
