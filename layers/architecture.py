@@ -10,7 +10,8 @@ decoder (layers/cached_lm.py) would compute differently from praxis is refused w
 hides praxis's storage conventions: norm scales are the effective multipliers (praxis
 stores `scale - 1` unless `direct_scale`), the combined QKV projection is split into
 q, k, v, the tied embedding appears as both the input embedding and the output
-projection, and repeated (scanned) layers become a list. The cached decoder and the
+projection, and the layers become a list, whether stored per layer, repeated (scanned) or
+in pipeline stages (layers/layer_layout.py). The cached decoder and the
 Hugging Face export (tools/export_hf.py) both read this layout, so praxis's layout
 is decoded in one place. It works on numpy and jax arrays alike.
 """
@@ -33,7 +34,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
-from layers import lora
+from layers import layer_layout, lora
 from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
@@ -93,8 +94,15 @@ class Architecture:
     tied_embedding: bool  # the output projection is the embedding table, transposed
     embedding_scale: float  # the looked-up embedding is multiplied by this
     query_scale: float  # queries are multiplied by this before the dot product
-    repeated: bool  # layers stored stacked (StackedTransformerRepeated)
+    repeated: bool  # layers stored stacked (StackedTransformerRepeated), or a pipeline stage's
     fprop_dtype: str
+    # Where each layer's parameters sit (plain, repeated, pipeline stages); None: as
+    # `repeated` says, unpipelined (an Architecture made by hand).
+    stack_layout: layer_layout.StackLayout | None = None
+
+    @property
+    def layout(self) -> layer_layout.StackLayout:
+        return self.stack_layout or layer_layout.StackLayout(self.num_layers, self.repeated)
 
 
 def _require(condition: bool, what: str) -> None:
@@ -139,8 +147,14 @@ def describe(model) -> Architecture:
     _require(lm.ngrammer_tpl is None, "the model has an n-grammer layer")
 
     stack = lm.stacked_transformer_tpl
+    try:
+        layout = layer_layout.of_stack(stack)
+    except layer_layout.LayoutMismatch as error:
+        raise UnsupportedModel(str(error)) from None
+    if issubclass(_cls(stack), transformers.PipelinedTransformer):
+        stack = stack.pipeline_stage  # each stage's layers: the maths of the plain stack
     repeated = issubclass(_cls(stack), transformers.StackedTransformerRepeated)
-    num_layers = stack.x_times if repeated else stack.num_layers
+    num_layers = layout.num_layers
     block = stack.block if repeated else stack
     _require(not repeated or block.num_layers == 1, "the repeated block has several layers")
     _require(_cls(block) is transformers.StackedTransformer,
@@ -240,7 +254,7 @@ def describe(model) -> Architecture:
         mlp_bias=bool(ffn.has_bias), unembed_bias=bool(softmax.feed_forward_tpl.has_bias),
         tied_embedding=tied,
         embedding_scale=embedding_scale, query_scale=query_scale, repeated=repeated,
-        fprop_dtype=jnp.dtype(model.fprop_dtype).name,
+        fprop_dtype=jnp.dtype(model.fprop_dtype).name, stack_layout=layout,
     )
 
 
@@ -306,18 +320,9 @@ def canonical_weights(params: dict, arch: Architecture) -> dict:
         out["positions"] = lm["position_emb"]["emb_var"]
     if arch.final_norm is not None:
         out["final_norm"] = _norm_weights(lm["final_ln"], arch.final_norm)
-    stack = lm["transformer"]
-    if arch.repeated:  # one layer's tree with every leaf stacked [L, ...]
-        stacked = stack["repeat"]["sub"]["x_layers_0"]
-        per_layer = [_index(stacked, i) for i in range(arch.num_layers)]
-    else:
-        per_layer = [stack[f"x_layers_{i}"] for i in range(arch.num_layers)]
+    per_layer = layer_layout.to_layers(lm["transformer"], arch.layout)
     out["layers"] = [_layer_weights(p, arch) for p in per_layer]
     return out
-
-
-def _index(tree: dict, i: int) -> dict:
-    return {k: _index(v, i) if isinstance(v, dict) else v[i] for k, v in tree.items()}
 
 
 # ----- the inverse: canonical weights -> praxis params -----------------------------------
@@ -360,29 +365,42 @@ def praxis_params(canonical: dict, arch: Architecture, like: dict) -> dict:
 
 
 def _praxis_stack(layers, arch: Architecture, like: dict) -> dict:
-    """The transformer's params from per-layer canonical weights, read once, in order."""
-    if arch.repeated:
-        stacked_like = like["repeat"]["sub"]["x_layers_0"]
-        one_like = _map_shapes(stacked_like, lambda shape: shape[1:])
-        stacked = _map_shapes(stacked_like, lambda shape: np.empty(shape, np.float32))
-    else:
-        one_like = None
+    """The transformer's params from per-layer canonical weights, read once, in order, and
+    written into the model's layer layout (per layer, repeated, pipeline stages)."""
+    layout = arch.layout
+    lead = len(layout.lead_shape)
+    out: dict = {}
+    for path in layout.body_paths():  # stacked layouts: arrays to write each layer into
+        if lead:
+            body_like = _subtree(like, path)
+            _subtree(out, path[:-1], create=True)[path[-1]] = _map_shapes(
+                body_like, lambda shape: np.empty(shape, np.float32))
     count = 0
-    out = {}
     for i, layer in enumerate(layers):
         _mismatch(i < arch.num_layers, f"more than the model's {arch.num_layers} layers")
         where = f"lm/transformer/x_layers_{i}"
-        if arch.repeated:
-            params = _fit(_praxis_layer(layer, arch, one_like), one_like, where)
-            _assign(stacked, params, i)
+        path, index = layout.locate(i)
+        body_like = _subtree(like, path)
+        one_like = _map_shapes(body_like, lambda shape: shape[lead:]) if lead else body_like
+        params = _fit(_praxis_layer(layer, arch, one_like), one_like, where)
+        if lead:
+            _assign(_subtree(out, path), params, index)
         else:
-            layer_like = like[f"x_layers_{i}"]
-            out[f"x_layers_{i}"] = _fit(_praxis_layer(layer, arch, layer_like), layer_like, where)
+            _subtree(out, path[:-1], create=True)[path[-1]] = params
         count += 1
     _mismatch(count == arch.num_layers, f"{count} layers, the model has {arch.num_layers}")
-    if arch.repeated:
-        return {"repeat": {"sub": {"x_layers_0": stacked}}}
     return out
+
+
+def _subtree(tree: dict, path: tuple, create: bool = False) -> dict:
+    for key in path:
+        if create:
+            tree = tree.setdefault(key, {})
+        else:
+            _mismatch(isinstance(tree, dict) and key in tree,
+                      f"the model has no lm/transformer/{'/'.join(path)}")
+            tree = tree[key]
+    return tree
 
 
 def _praxis_norm(weights: dict, norm: Norm) -> dict:

@@ -8,6 +8,7 @@ name and its tokenizer node. No data is read: only those nodes are built, so dec
 model trained on The Pile needs no --data_dir.
 """
 
+import copy
 import dataclasses
 
 import fiddle as fdl
@@ -16,6 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from praxis import pax_fiddle
+from praxis.layers import transformers
 
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
@@ -41,9 +43,10 @@ class InferenceModel:
 
 def describe(config: fdl.Config, what: str) -> architecture.Architecture:
     """The architecture of the run graph `config`'s model; UserError naming the run (its
-    `name`) and `what` cannot run ("export") if the inference code cannot reproduce it."""
+    `name`) and `what` cannot run ("export") if the inference code cannot reproduce it.
+    A pipelined model is described unpipelined, as `load` reads it."""
     try:
-        return architecture.describe(config.model)
+        return architecture.describe(unpipelined(config.model))
     except architecture.UnsupportedModel as error:
         raise UserError(f"{what} cannot run {config.name}'s model: {error}") from None
 
@@ -63,7 +66,7 @@ def load(config: fdl.Config, job_log_dir: str, *, what: str,
         raise UserError(f"{what} needs a checkpoint, and {checkpoint_dir} has none; train "
                         f"first (e.g. make run)")
     tokenizer = load_tokenizer(config)  # before the slow part
-    model = pax_fiddle.build(config.model)
+    model = pax_fiddle.build(unpipelined(config.model))
     mesh_spec = pax_fiddle.build(config.mesh)
     mesh = mesh_lib.create_mesh(mesh_spec.ici_mesh_shape, mesh_spec.dcn_mesh_shape,
                                 devices=devices)
@@ -74,6 +77,26 @@ def load(config: fdl.Config, job_log_dir: str, *, what: str,
         param_shardings=jax.tree_util.tree_map(lambda a: a.sharding, abstract), mesh=mesh,
         step=restored.step, checkpoint=restored.path, max_seq_len=shape.seq_len,
         tokenizer=tokenizer)
+
+
+def unpipelined(model: fdl.Config) -> fdl.Config:
+    """A model config whose layer stack is a PipelinedTransformer, as the same layers in one
+    stack (its stage's class, plain or repeated, holding every layer); other configs as they
+    are. Inference runs the layers one after another anyway (layers/cached_lm.py): the
+    parameters are read with no stage axis, relaid from a pipelined checkpoint by
+    checkpoints.restore, and replicated over the mesh's stages, if it has any."""
+    stack = model.lm_tpl.stacked_transformer_tpl
+    if not issubclass(fdl.get_callable(stack), transformers.PipelinedTransformer):
+        return model
+    blocks = stack.num_pipeline_stages * stack.circular_repeat
+    body = copy.deepcopy(stack.pipeline_stage)
+    if issubclass(fdl.get_callable(body), transformers.StackedTransformerRepeated):
+        body.x_times *= blocks
+    else:
+        body.num_layers *= blocks
+    model = copy.deepcopy(model)
+    model.lm_tpl.stacked_transformer_tpl = body
+    return model
 
 
 def abstract_params(model, mesh: Mesh, seq_len: int) -> dict:

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import json
+import math
 import os
 
 import fiddle as fdl
@@ -11,10 +12,11 @@ from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
 from runner.cluster import mesh as mesh_lib
+from runner.core import spec
 from runner.core.errors import UserError
 from runner.core.log import log
 from runner.state import checkpoints, initial_weights
-from runner.training import goodput, preemption, profiling, summaries
+from runner.training import accumulation, goodput, preemption, profiling, summaries
 from runner.training.callbacks import CallbackList, ConsoleSummaries, TensorBoard
 from runner.training.trainer import Trainer
 
@@ -23,6 +25,9 @@ def describe(exp, config: fdl.Config) -> str:
     """Effective hyperparameters and the Fiddle graph, as shown by --print_config."""
     lines = [f"# {type(exp).__module__}.{type(exp).__name__}", "", "## Hyperparameters"]
     lines += [f"{name} = {value!r}" for name, value in exp.hyperparameters().items()]
+    lines += ["", "## Batch", accumulation.describe_batch(
+        config.loop.percore_batch_size, math.prod(spec.mesh_size(config.mesh)),
+        config.loop.gradient_accumulation_steps)]
     lines += ["", "## Model layers", *_layer_classes(config.model, "model")]
     lines += ["", "## Fiddle graph", printing.as_str_flattened(config)]
     return "\n".join(lines)
@@ -151,7 +156,10 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
     run_spec = pax_fiddle.build(config)
     # The mesh the graph names is the one the run uses (the model was sharded for it).
     mesh = mesh_lib.create_mesh(run_spec.mesh.ici_mesh_shape, run_spec.mesh.dcn_mesh_shape)
-    mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
+    global_batch = mesh_lib.global_batch_size(run_spec.loop.percore_batch_size, mesh)  # fail fast
+    if mode == "train":
+        accumulation.check_split(global_batch, run_spec.loop.gradient_accumulation_steps, mesh,
+                                 run_spec.loop.percore_batch_size)
     source = checkpoints.restore_source(checkpoint_dir, options.restore_checkpoint_dir,
                                         options.restore_checkpoint_step, mode)
     if source is None and run_spec.initial_weights is not None:

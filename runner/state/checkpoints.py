@@ -27,6 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from layers import layer_layout
 from runner.core.callbacks import Callback, Request, RunInfo, StepInfo
 from runner.core.errors import UserError
 from runner.core.log import log
@@ -180,14 +181,16 @@ def check_experiment(directory: str, experiment: str) -> None:
         )
 
 
-def _check_shapes(directory: str, step: int, saved_params, abstract_params) -> None:
+def _check_shapes(directory: str, step: int, saved_params, abstract_params,
+                  note: str = "") -> None:
     """UserError naming the first parameter whose saved shape differs from this model's.
 
     Dtypes may differ: orbax casts on restore, as a change of parameter dtype intends.
+    `note` follows the checkpoint's name (the layer layouts, when they differ).
     """
     saved = {param_path(p): leaf.shape
              for p, leaf in jax.tree_util.tree_flatten_with_path(saved_params)[0]}
-    where = f"checkpoint {os.path.join(directory, str(step))}"
+    where = f"checkpoint {os.path.join(directory, str(step))}{note}"
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
         name = param_path(path)
         if name not in saved:
@@ -202,6 +205,45 @@ def _check_shapes(directory: str, step: int, saved_params, abstract_params) -> N
     if extra:
         raise UserError(f"{where} holds parameter {extra[0]} {tuple(saved[extra[0]])}, which "
                         f"this model lacks: it is another model")
+
+
+def stack_layouts(directory: str, step: int, saved_params, abstract_params
+                  ) -> tuple[layer_layout.StackLayout, layer_layout.StackLayout] | None:
+    """(the checkpoint's layer layout, this model's) when the two store the decoder layers
+    differently (plain, repeated, pipelined: layers/layer_layout.py) and the checkpoint's
+    can be relaid into this model's; None when they agree (or either is not a layer stack
+    known there). UserError, one line naming both, when the layer counts differ."""
+    saved = layer_layout.from_shapes(flat_params(saved_params))
+    mine = layer_layout.from_shapes(flat_params(abstract_params))
+    if saved is None or mine is None or (saved.repeated, saved.stages, saved.circular_repeat
+                                         ) == (mine.repeated, mine.stages, mine.circular_repeat):
+        return None
+    if saved.num_layers != mine.num_layers:
+        raise UserError(f"checkpoint {os.path.join(directory, str(step))} holds {saved}; this "
+                        f"model has {mine}: it is another model; check NUM_LAYERS")
+    try:
+        relaid = layer_layout.relayout_tree(saved_params, saved, mine)
+    except layer_layout.LayoutMismatch as error:
+        raise UserError(f"checkpoint {os.path.join(directory, str(step))} holds {saved}, this "
+                        f"model has {mine}, and they do not map: {error}") from None
+    _check_shapes(directory, step, relaid, abstract_params,
+                  note=f" ({saved}; this model: {mine})")
+    return saved, mine
+
+
+def _host_target(target):
+    """`target` (ShapeDtypeStructs with shardings) as plain shapes, with the restore arguments
+    that read each array whole into host numpy."""
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target)
+    return shapes, jax.tree_util.tree_map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)
+
+
+def _place(array, like) -> jax.Array:
+    """A host array as a global array with `like`'s dtype and sharding; each process puts
+    only its own devices' blocks (every process holds the whole array)."""
+    array = np.asarray(array, like.dtype)
+    return jax.make_array_from_callback(array.shape, like.sharding, lambda index: array[index])
 
 
 def restore_source(job_dir: str, restore_dir: str | None, restore_step: int | None,
@@ -301,13 +343,25 @@ def restore(directory: str, step: int | None, abstract_state: dict, *,
             raise BrokenCheckpointError(directory, step, error) from None
         if saved is None:
             raise BrokenCheckpointError(directory, step, FileNotFoundError("no state metadata"))
-        _check_shapes(directory, step, saved["params"], abstract_state["params"])
+        layouts = stack_layouts(directory, step, saved["params"], abstract_state["params"])
+        if layouts is None:
+            _check_shapes(directory, step, saved["params"], abstract_state["params"])
         target = {"params": abstract_state["params"]} if params_only else abstract_state
+        if layouts is None:  # the common case: each device reads its own shards
+            item = target
+            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        else:
+            # The checkpoint stores the decoder layers in another layout (say, pipeline
+            # stages): read its state whole into host numpy on every process, in its own
+            # layout, then relay every params-shaped subtree (params, Adam moments) below.
+            # Slower and host-memory hungry, but only a change of layout takes this path.
+            item, restore_args = _host_target(
+                layer_layout.relayout_tree(target, layouts[1], layouts[0]))
         try:
             restored = manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(
-                    item=target,
-                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    item=item,
+                    restore_args=restore_args,
                     # Evaluation needs no optimizer moments: skip reading them.
                     partial_restore=params_only,
                 ),
@@ -316,12 +370,15 @@ def restore(directory: str, step: int | None, abstract_state: dict, *,
             ))
         except Exception as error:
             raise BrokenCheckpointError(directory, step, error) from None
-    return Restored(step=step, path=os.path.join(directory, str(step)), state=restored["state"],
+    state = restored["state"]
+    if layouts is not None:
+        state = jax.tree_util.tree_map(
+            _place, layer_layout.relayout_tree(state, layouts[0], layouts[1]), target)
+    return Restored(step=step, path=os.path.join(directory, str(step)), state=state,
                     input_state=restored["input"], metadata=restored["metadata"] or {})
 
 
-def saved_param_shapes(directory: str, step: int) -> dict[str, tuple[int, ...]]:
-    """{parameter path: shape} of a checkpoint's parameters, read from its metadata."""
+def _saved_state_metadata(directory: str, step: int):
     with _reader(directory) as manager:
         try:
             with _orbax_warnings_off():
@@ -330,8 +387,34 @@ def saved_param_shapes(directory: str, step: int) -> dict[str, tuple[int, ...]]:
             raise BrokenCheckpointError(directory, step, error) from None
     if saved is None:
         raise BrokenCheckpointError(directory, step, FileNotFoundError("no state metadata"))
+    return saved
+
+
+def saved_param_shapes(directory: str, step: int) -> dict[str, tuple[int, ...]]:
+    """{parameter path: shape} of a checkpoint's parameters, read from its metadata."""
+    saved = _saved_state_metadata(directory, step)
     return {param_path(path): tuple(leaf.shape)
             for path, leaf in jax.tree_util.tree_flatten_with_path(saved["params"])[0]}
+
+
+def relaid_params(directory: str, step: int, abstract_params: dict) -> dict | None:
+    """{parameter path: host numpy array} of a checkpoint whose decoder layers are stored in
+    another layout than `abstract_params`' (every parameter, relaid into this model's
+    layout; shapes checked); None when the layouts agree (restore_params reads those)."""
+    saved = _saved_state_metadata(directory, step)["params"]
+    layouts = stack_layouts(directory, step, saved, abstract_params)
+    if layouts is None:
+        return None
+    item, restore_args = _host_target(
+        layer_layout.relayout_tree({"params": abstract_params}, layouts[1], layouts[0]))
+    with _reader(directory) as manager:
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                             partial_restore=True)))
+        except Exception as error:
+            raise BrokenCheckpointError(directory, step, error) from None
+    return flat_params(layer_layout.relayout_tree(restored["state"], *layouts)["params"])
 
 
 def restore_params(directory: str, step: int, abstract_params: dict) -> dict:

@@ -84,6 +84,12 @@ class _Source:
         UserError naming the first parameter the source lacks or holds in another shape."""
         targets = checkpoints.flat_params(abstract_params)
         if self._read is None:
+            # Decoder layers stored in another layout (pipeline stages, repeated): read whole
+            # to host, relaid into this model's layout (layers/layer_layout.py).
+            relaid = checkpoints.relaid_params(self.directory, self.step, abstract_params)
+            if relaid is not None:
+                self._check({k: tuple(v.shape) for k, v in relaid.items()}, targets, wanted)
+                return {name: _place(relaid[name], targets[name]) for name in wanted}
             shapes = checkpoints.saved_param_shapes(self.directory, self.step)
             self._check(shapes, targets, wanted)
             subset = _unflatten({name: targets[name] for name in wanted})

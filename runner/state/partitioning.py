@@ -72,13 +72,16 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
 
 
 def _shard_pipeline(lm: pax_fiddle.Config, stage: str, mdl: str) -> None:
-    """The stage dimension of the pipelined layers' weights on `stage`; the embedding
-    lookup (the separate embedding, or the tied softmax) and the pipeline's output in
-    data parallelism over every batch axis."""
-    pipeline = lm.stacked_transformer_tpl
-    pipeline.weight_split_dims_mapping.stages = [stage]
+    """The stage dimension of the pipelined layers' weights on `stage`, and the embedding
+    lookup (the separate embedding, or the tied softmax) in data parallelism over every
+    batch axis.
+
+    paxml also pins the pipeline's output (`final_out`) to that layout. Here it is left to
+    XLA: with it, the Llama family's gradients on a [2 stages, 2 data, 2 model] CPU mesh
+    came out wrong (against a one-device reference; the GPT's did not), and without it
+    both match (tests/test_pipeline.py)."""
+    lm.stacked_transformer_tpl.weight_split_dims_mapping.stages = [stage]
     activations = [BATCH_AXES, None, mdl]
-    pipeline.activation_split_dims_mapping.final_out = activations
     embedding = lm.separate_embedding_tpl or lm.softmax_tpl
     embedding.activation_split_dims_mapping.emb_out_split_dims_mapping = activations
     embedding.activation_split_dims_mapping.out = activations

@@ -32,7 +32,7 @@ from runner.state.train_state import (
     replicated_matrices,
     state_shardings,
 )
-from runner.training import compile_log, throughput
+from runner.training import accumulation, compile_log, throughput
 from runner.training.callbacks import CallbackList, check_finite
 from runner.training.prefetch import Prefetcher
 
@@ -45,6 +45,10 @@ class Trainer:
         compile_log.register()
         self.model, self.tx = run.model, run.optimizer
         self.global_batch_size = mesh_lib.global_batch_size(run.loop.percore_batch_size, mesh)
+        # Sub-batches per optimizer update (GRADIENT_ACCUMULATION_STEPS); 1: one pass.
+        self.accumulation_steps = run.loop.gradient_accumulation_steps
+        accumulation.check_split(self.global_batch_size, self.accumulation_steps, mesh,
+                                 run.loop.percore_batch_size)
         self.process_rows = mesh_lib.process_batch_rows(mesh, self.global_batch_size)
         seq_len = run.model_shape.seq_len
         self.batch_shapes = {
@@ -102,6 +106,10 @@ class Trainer:
     # ----- compiled functions -------------------------------------------------
 
     def _loss(self, params, batch, key):
+        return self._weighted_loss(params, batch, key)[0]
+
+    def _weighted_loss(self, params, batch, key):
+        """praxis's total_loss: (mean over the batch's weighted target tokens, their weight)."""
         # Parameters the optimizer freezes (USE_LORA: all but the adapters) get no gradient.
         params = optimizer.stop_frozen_gradients(self.tx, params)
         with praxis_context(do_eval=False):
@@ -110,12 +118,17 @@ class Trainer:
                 as_model_batch(batch, self.model.fprop_dtype),
                 rngs={"random": key, "dropout": key},
             )
-        return metrics.total_loss[0]
+        return metrics.total_loss
 
     def _train_step(self, state, batch):
         step = state["step"]
         key = jax.random.fold_in(jax.random.key(self.run.loop.random_seed), step)
-        loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
+        if self.accumulation_steps > 1:  # the same update, one sub-batch at a time
+            loss, grads, _ = accumulation.loss_and_grads(
+                self._weighted_loss, state["params"], batch, key, self.accumulation_steps,
+                self.mesh, self.state_shardings["params"])
+        else:
+            loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         new_state = {
@@ -211,11 +224,20 @@ class Trainer:
         if input_state is not None:
             data.set_state(input_state)
         prefetcher = Prefetcher(data, self.to_device)
+        k = self.accumulation_steps
+        sub_batches = f" ({k} sub-batches of {self.global_batch_size // k})" if k > 1 else ""
         log(
             f"training {self.run.name}: {self.num_params:,} parameters, mesh "
             f"{dict(self.mesh.shape)}, global batch {self.global_batch_size} x "
-            f"{self.run.model_shape.seq_len} tokens, steps {step} -> {loop.max_steps}"
+            f"{self.run.model_shape.seq_len} tokens{sub_batches}, steps {step} -> "
+            f"{loop.max_steps}"
         )
+        if self.run.pipeline is not None:
+            pipe = self.run.pipeline
+            log(f"pipeline: {pipe.num_stages} stages, "
+                + (f"circular x {pipe.circular_repeat}" if pipe.circular_repeat > 1 else "GPipe")
+                + f", {pipe.num_microbatches} microbatches per pass; bubble "
+                f"{pipe.bubble_fraction():.1%} of each stage's time idle")
         callbacks.on_start(RunInfo(
             name=self.run.name, start_step=step, loop=loop,
             global_batch_size=self.global_batch_size, seq_len=self.run.model_shape.seq_len,

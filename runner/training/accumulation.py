@@ -1,0 +1,126 @@
+"""Gradient accumulation: one optimizer update's global batch run as K sub-batches.
+
+GRADIENT_ACCUMULATION_STEPS = K splits the global batch [B, T] (the batch of one update,
+PERCORE_BATCH_SIZE x devices) into K sub-batches of B/K rows that a jax.lax.scan runs one
+after another inside the jitted step, so the activations alive at once are one
+sub-batch's. The input pipeline still loads the whole global batch, so the data order
+and resuming do not depend on K.
+
+Layout. The global batch is sharded by rows over the data-parallel axes
+(mesh_lib.batch_sharding). [B, T] -> [B/K, K, T] -> [K, B/K, T]: sub-batch k is rows
+k, K+k, 2K+k, ..., so each device's contiguous rows hold rows of every sub-batch and no
+data moves between devices (B must split into batch shards x K, check_split).
+
+Exactness. praxis's metrics.total_loss is (mean over the weighted target tokens, their
+total weight). Summing mean_k x weight_k and weight_k over the sub-batches, then dividing
+once at the end, gives the same loss and gradient as one pass over the global batch, up
+to float rounding; the sums are kept in float32.
+
+Randomness. Sub-batch k draws from jax.random.fold_in(step key, k), so sub-batches get
+different dropout masks. (K = 1 does not come here: the trainer keeps its single pass
+with the step key itself.)
+"""
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from runner.cluster import mesh as mesh_lib
+from runner.core.errors import UserError
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """How many ways the batch's rows are split: the mesh's size over BATCH_AXES."""
+    return math.prod(mesh.shape[a] for a in mesh_lib.BATCH_AXES)
+
+
+def check_split(global_batch_size: int, steps: int, mesh: Mesh,
+                percore_batch_size: float) -> None:
+    """UserError unless the global batch splits into `steps` sub-batches on every shard."""
+    shards = batch_shards(mesh)
+    if steps < 1:
+        raise UserError(f"GRADIENT_ACCUMULATION_STEPS={steps} must be >= 1 (1: no "
+                        f"accumulation)")
+    if global_batch_size % (shards * steps) == 0:
+        return
+    num_devices = mesh.devices.size
+    per_shard = global_batch_size // shards
+    fitting = max(d for d in range(1, steps + 1) if per_shard % d == 0)
+    percore = math.ceil(global_batch_size / (shards * steps)) * shards * steps / num_devices
+    raise UserError(
+        f"GRADIENT_ACCUMULATION_STEPS={steps} does not split GLOBAL_BATCH_SIZE="
+        f"{global_batch_size} (PERCORE_BATCH_SIZE={percore_batch_size:g} x {num_devices} "
+        f"devices) into {steps} sub-batches over {shards} data-parallel shards (it must be a "
+        f"multiple of {shards} x {steps} = {shards * steps}); use "
+        f"--fdl.PERCORE_BATCH_SIZE={percore:g} or --fdl.GRADIENT_ACCUMULATION_STEPS={fitting}"
+    )
+
+
+def split(batch: dict, steps: int, mesh: Mesh) -> dict:
+    """Each [B, ...] array -> [K, B/K, ...]; [k] is sub-batch k (rows k, K+k, 2K+k, ...),
+    still sharded by rows over the batch axes, as the input was."""
+    sharding = NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES))
+
+    def one(x):
+        x = x.reshape(x.shape[0] // steps, steps, *x.shape[1:])  # [B/K, K, ...]
+        return jax.lax.with_sharding_constraint(jnp.swapaxes(x, 0, 1), sharding)
+
+    return jax.tree_util.tree_map(one, batch)
+
+
+def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int, mesh: Mesh,
+                   grad_shardings=None):
+    """(loss, gradients, per-sub-batch losses [K]) of the global `batch`, run as `steps`
+    sub-batches in sequence.
+
+    `weighted_loss(params, sub_batch, key)` -> (mean loss, weight): praxis's total_loss.
+    The loss and gradients are those of the whole batch's weighted mean; the gradients
+    have the parameters' dtypes, summed in float32 (laid out as `grad_shardings`, the
+    parameters' shardings, when given).
+    """
+    sub_batches = split(batch, steps, mesh)
+    row_sharding = mesh_lib.batch_sharding(mesh)
+
+    def weighted_sum(p, sub_batch, sub_key):
+        mean, weight = weighted_loss(p, sub_batch, sub_key)
+        weight = jax.lax.stop_gradient(weight).astype(jnp.float32)
+        return mean.astype(jnp.float32) * weight, (mean, weight)
+
+    grad_fn = jax.value_and_grad(weighted_sum, has_aux=True)
+
+    def body(carry, xs):
+        loss_sum, weight_sum, grad_sum = carry
+        sub_batch, k = xs
+        sub_batch = jax.tree_util.tree_map(
+            lambda x: jax.lax.with_sharding_constraint(x, row_sharding), sub_batch)
+        (total, (mean, weight)), grads = grad_fn(params, sub_batch,
+                                                 jax.random.fold_in(key, k))
+        grad_sum = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32),
+                                          grad_sum, grads)
+        return (loss_sum + total, weight_sum + weight, grad_sum), mean
+
+    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    if grad_shardings is not None:
+        zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
+    init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
+    (loss_sum, weight_sum, grad_sum), sub_losses = jax.lax.scan(
+        body, init, (sub_batches, jnp.arange(steps)))
+    # No weighted token at all (K = 1 gives 0 then too): 0 rather than 0 / 0.
+    denominator = jnp.where(weight_sum > 0, weight_sum, 1.0)
+    grads = jax.tree_util.tree_map(lambda g, p: (g / denominator).astype(p.dtype),
+                                   grad_sum, params)
+    return loss_sum / denominator, grads, sub_losses
+
+
+def describe_batch(percore_batch_size: float, num_devices: int, steps: int) -> str:
+    """One line for --print_config: the global batch of an update and its sub-batches."""
+    batch = percore_batch_size * num_devices
+    line = (f"global batch = PERCORE_BATCH_SIZE {percore_batch_size:g} x {num_devices} devices "
+            f"= {batch:g} sequences per optimizer update")
+    if steps > 1:
+        line += f", run as GRADIENT_ACCUMULATION_STEPS = {steps} sub-batches of {batch / steps:g}"
+    return line

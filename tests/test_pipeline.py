@@ -1,0 +1,104 @@
+"""Pipeline parallelism: a stage mesh axis, praxis's PipelinedTransformer, Pax's checks.
+
+The pipelined model is checked against the plain one, an independent program (no
+pipeline loop, no stage axis): from the same parameters (relaid by layers/layer_layout.py)
+both train 5 steps on the same batches and must give the same losses. Each family (the Pax
+GPT, the Llama-style model with grouped-query attention) runs on [2 stages, 2 data, 2
+model] against the unpipelined [4 data, 2 model].
+"""
+
+import jax
+import pytest
+
+import experiments
+from experiments.llama import LlamaTiny
+from layers import layer_layout
+from runner.core import spec
+from runner.core.errors import UserError
+from runner.state import checkpoints
+from tests.helpers import TINY, make_trainer
+
+STEPS = 5
+# The learning rate moves the weights from step 2 on (step 1 runs at rate 0).
+TRAIN = dict(PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1, LR_COS_DECAY_START=1,
+             LR_COS_DECAY_END=100)
+PIPELINED = dict(ICI_MESH_SHAPE=[2, 1, 2, 2], NUM_MICROBATCHES=2)
+PLAIN = dict(ICI_MESH_SHAPE=[1, 4, 2])
+
+
+def losses_from(trainer, params, steps: int = STEPS) -> list[float]:
+    """Per-step losses of `steps` steps from `params` (a fresh optimizer state)."""
+    state = trainer.init_state()
+    state["params"] = jax.device_put(params, trainer.state_shardings["params"])
+    data = trainer.make_train_input()
+    losses = []
+    for _ in range(steps):
+        with jax.set_mesh(trainer.mesh):
+            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
+@pytest.mark.parametrize("experiment, overrides", [
+    (experiments.BaseExperiment, {}),
+    (LlamaTiny, dict(NUM_KV_HEADS=2, LAMBADA_EVAL=False)),
+], ids=["gpt", "llama-gqa"])
+def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, overrides):
+    plain = make_trainer(tmp_path / "plain", experiment=experiment, **TRAIN, **overrides,
+                         **PLAIN)
+    pipelined = make_trainer(tmp_path / "pipelined", experiment=experiment, **TRAIN,
+                             **overrides, **PIPELINED)
+    assert pipelined.run.pipeline == spec.PipelineSpec(num_stages=2, num_microbatches=2)
+    params = jax.device_get(plain.init_state()["params"])
+    relaid = layer_layout.relayout_tree(params, layer_layout.of_model(plain.model),
+                                        layer_layout.of_model(pipelined.model))
+    # The stage dimension of every pipelined layer weight is split over the stage axis.
+    stage_specs = {name: sharding.spec[0] for name, sharding in checkpoints.flat_params(
+        pipelined.state_shardings["params"]).items() if "/pipeline/" in name}
+    assert stage_specs and set(stage_specs.values()) == {"stage"}, stage_specs
+    expected = losses_from(plain, params)
+    got = losses_from(pipelined, relaid)
+    print(f"{experiment.__name__}: pipelined {got} vs plain {expected}")
+    assert got == pytest.approx(expected, rel=1e-4)
+    # The weights moved: a pipeline that dropped the layers' updates would still match step 1.
+    assert abs(expected[-1] - expected[0]) > 1e-3
+
+
+def test_bubble_fraction_of_gpipe_and_the_circular_schedule():
+    assert spec.PipelineSpec(num_stages=4, num_microbatches=8).bubble_fraction() == 3 / 11
+    # Each stage holds 2 layer blocks: twice the work per microbatch for the same S-1 fill.
+    assert spec.PipelineSpec(4, 8, circular_repeat=2).bubble_fraction() == 3 / 19
+    assert spec.PipelineSpec(1, 8).bubble_fraction() == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(NUM_LAYERS=3, ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2),
+     "NUM_LAYERS=3 does not split into 2 stages x CIRCULAR_REPEAT=1 blocks"),
+    (dict(NUM_LAYERS=4, ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2, CIRCULAR_REPEAT=4),
+     "NUM_LAYERS=4 does not split into 2 stages x CIRCULAR_REPEAT=4 blocks"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1]), "needs exactly one of NUM_MICROBATCHES or "
+                                        "MICROBATCH_SIZE"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=3),
+     "NUM_MICROBATCHES=3 does not divide the batch of 8 sequences"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], MICROBATCH_SIZE=3),
+     "MICROBATCH_SIZE=3 does not divide the batch of 8 sequences"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=4),
+     "NUM_MICROBATCHES=4 makes microbatches of 2 sequences, which do not split over the 4"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2, NUM_STAGES=4),
+     "NUM_STAGES=4, but the mesh has 2 stage(s)"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 1, 4], NUM_MICROBATCHES=1, CIRCULAR_REPEAT=2, NUM_LAYERS=4),
+     "needs at least as many microbatches as stages: 1 < 2"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 2, 2, 1]), "must be three positive sizes"),
+], ids=["layers", "circular-layers", "no-microbatches", "microbatches", "microbatch-size",
+        "microbatch-shards", "num-stages", "circular-microbatches", "five-axes"])
+def test_bad_pipeline_settings_are_one_line(overrides, message):
+    with pytest.raises(UserError) as info:
+        experiments.BaseExperiment(**{**TINY, **overrides})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_stage_axis_that_does_not_cover_the_devices_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"ICI_MESH_SHAPE=\[2, 1, 2, 1\] x DCN_MESH_SHAPE="
+                                        r"\[1, 1, 1, 1\] covers 4 devices, but this job has 8"):
+        make_trainer(tmp_path, ICI_MESH_SHAPE=[2, 1, 2, 1], NUM_MICROBATCHES=2)
