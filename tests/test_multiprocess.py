@@ -257,6 +257,28 @@ def test_processes_train_and_evaluate_like_one(tmp_path, one_process, num, ici, 
             assert result["eval"]["synthetic_eval"][name] == pytest.approx(value, rel=RTOL)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pipeline_stages_across_two_processes_train_like_one(tmp_path):
+    """Two pipeline stages, one per process (the stage axis on DCN), each stage's layers
+    split over its process's 4 devices (2 data x 2 model): the same losses as the same
+    pipelined mesh in one process."""
+    from tests.helpers import make_trainer, train_losses
+
+    pipeline = dict(NUM_MICROBATCHES=2, **RUN)
+    expected = train_losses(make_trainer(tmp_path / "one", ICI_MESH_SHAPE=[2, 1, 2, 2],
+                                         **pipeline), STEPS)
+    port = free_port()
+    job = run_job(main_py(tmp_path, 2, port, ICI_MESH_SHAPE=[1, 1, 2, 2],
+                          DCN_MESH_SHAPE=[2, 1, 1, 1], SUMMARY_INTERVAL_STEPS=1, **pipeline),
+                  devices=4, log_dir=tmp_path / "logs")
+    console = job.stdout(0)
+    losses = [float(x) for x in re.findall(r"^step +\d+ \| loss ([\d.]+)", console, re.M)]
+    assert len(losses) == STEPS, console
+    print(f"2 processes, stages over DCN: losses {losses} vs one process {expected}")
+    assert max_rel_diff(losses, expected) < RTOL
+
+
 @pytest.mark.multiprocess
 def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path):
     port = free_port()
