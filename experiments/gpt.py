@@ -128,6 +128,41 @@ class GPT175B(_GPT):
 
 
 @register
+class GPT175BPipelined(GPT175B):
+    """GPT175B with pipeline stages across nodes: 12 nodes x 8 H100 80GB, one stage of 8
+    layers per node (DCN), tensor parallelism over the node's 8 GPUs (NVLink).
+
+    The layout of paxml's `paxml/tasks/lm/params/nvidia.py` NVIDIA175B (stages over DCN,
+    `ICI_MESH_SHAPE=[1,1,1,16]` tensor parallelism, one sequence per microbatch); the model,
+    optimizer and schedule are GPT175B's. Differences from NVIDIA175B, each for a reason:
+    - 8 GPUs per node (H100 HGX) instead of its 16 A100 40GB: ICI [1,1,1,8], and 12
+      stages instead of 6, so the job keeps its 96 GPUs and tensor parallelism stays on
+      NVLink.
+    - GPT175B's global batch of 1536 (PERCORE_BATCH_SIZE 16 x 96) instead of its 6
+      (0.0625 x 96, a proxy benchmark: 6 microbatches for 12 stages would leave the
+      stages idle 11/17 of the time), run as 8 sub-batches of 192, each 192 microbatches
+      of one sequence: bubble 11/203 = 5.4%.
+    - Adam with GPT175B's learning rate and schedule (this project has no Adafactor) instead
+      of its Adafactor at NVIDIA5B's 6e-4 without warmup; GPT175B's GPT-3 layers (biases, no
+      attention logit cap) instead of NVIDIA5B's USE_BIAS=False and ATTEN_LOGIT_CAP=50.
+    - A repeated (scanned) layer inside each stage (GPT175B's USE_REPEATED_LAYER) where its
+      NVIDIA5B base unrolls the stage's layers: the same maths, compile time flat in depth.
+
+    python main.py --fdl_config=experiments.GPT175BPipelined --mode=plan
+    python main.py --fdl_config=experiments.GPT175BPipelined --data_dir=$TFDS_DATA_DIR --vocab_path=spm.model --job_log_dir=runs/gpt175b_pp
+    """
+
+    ICI_MESH_SHAPE = [1, 1, 1, 8]  # [stage, replica, data, mdl] within a node
+    DCN_MESH_SHAPE = [12, 1, 1, 1]  # the stages, one node each
+    MICROBATCH_SIZE = 1
+    PERCORE_BATCH_SIZE = 16
+    GRADIENT_ACCUMULATION_STEPS = 8
+    # NVIDIA5B's (NVIDIA175B inherits it): GPT175B's 50257 does not split over 8-way
+    # tensor parallelism.
+    VOCAB_SIZE = 51200
+
+
+@register
 class GPT1_3B(_GPT):
     """A 1.3B GPT for one-GPU speed work: GPT-3 XL's depth, width and learning rate
     (Brown et al. 2020, table 2.1: 24 layers, d_model 2048, 2e-4), with 16 heads of 128

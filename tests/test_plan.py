@@ -31,7 +31,7 @@ def measured_plan():
 def test_tiny_plan_counts_the_model_and_its_sharded_state(measured_plan, tmp_path):
     p = measured_plan
     assert (p.num_devices, p.global_batch, p.seq_len) == (8, 64, 128)
-    assert p.mesh_shape == {"replica": 2, "data": 2, "mdl": 2}
+    assert p.mesh_shape == {"stage": 1, "replica": 2, "data": 2, "mdl": 2}
     trainer = make_trainer(tmp_path, **MEASURED)
     assert p.num_params == trainer.num_params
     assert p.flops_per_token == trainer.flops_per_token
@@ -94,11 +94,13 @@ def test_a_pile_experiment_plans_without_data_or_vocabulary():
 def test_verdict_and_candidate_changes(measured_plan):
     p = measured_plan
     assert plan.fits(p, p.memory.peak) and not plan.fits(p, p.memory.peak - 1)
-    remat, batch, fsdp = plan.candidate_changes(dataclasses.replace(p, hyperparameters={
+    remat, batch, accumulate, fsdp = plan.candidate_changes(dataclasses.replace(p, hyperparameters={
         **p.hyperparameters, "CHECKPOINT_POLICY": "none", "DCN_MESH_SHAPE": [2, 1, 1]})).values()
     assert [c["CHECKPOINT_POLICY"] for c, _ in remat] == list(plan.REMAT_LADDER[1:])
     # 8 devices and 4 batch shards (replica x data): halve down to 4 sequences per step.
     assert [c["PERCORE_BATCH_SIZE"] for c, _ in batch] == [4, 2, 1, 0.5]
+    # The same 64 sequences per update in sub-batches that still split over the 4 shards.
+    assert [c["GRADIENT_ACCUMULATION_STEPS"] for c, _ in accumulate] == [2, 4, 8, 16]
     assert [c for c, _ in fsdp] == [{"ICI_MESH_SHAPE": [1, 4, 2]},
                                     {"ICI_MESH_SHAPE": [1, 4, 2], "DCN_MESH_SHAPE": [1, 2, 1]}]
 

@@ -10,6 +10,12 @@ ICI x DCN, position = dcn_index * ICI + ici_index (as jax's hybrid mesh lays it 
 a group that varies the ici part crosses NVLink and one that varies the dcn part crosses
 the network between nodes.
 
+A pipelined run (a stage axis of several devices) sends each microbatch's activations from
+stage to stage, and their gradients back, with collective-permutes whose pairs move along
+the stage axis alone; stage_transfers picks them out of the traffic. Within the stage axis,
+ici and dcn split positions as for any other, so stages within a node send over NVLink
+and stages on different nodes over the network.
+
 An instruction inside a while loop runs once per iteration: a scanned layer stack's
 collectives count NUM_LAYERS times, using the trip count XLA records on the loop
 (`known_trip_count`). Branches of a conditional each count as if taken.
@@ -91,6 +97,15 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
     return sorted((Traffic(op, axes, links, group, count, buffer, sent)
                    for (op, axes, links, group), (count, buffer, sent) in totals.items()),
                   key=lambda t: -t.sent_bytes)
+
+
+def stage_transfers(traffic: list[Traffic], axis: str = "stage") -> list[Traffic]:
+    """The pipeline's stage-to-stage sends in `traffic`: collective-permutes along the
+    `axis` mesh axis only. The other collectives over it are not transfers between stages:
+    all-reduces and all-gathers of what runs outside the pipeline (the embedding and
+    softmax, data-parallel over the stages), and permutes that move rows along the stage
+    and data axes at once (the batch relaid into microbatches)."""
+    return [t for t in traffic if t.op == "collective-permute" and t.axes == (axis,)]
 
 
 def upcast_copies(hlo_text: str) -> list[tuple[str, int]]:

@@ -87,7 +87,8 @@ CAVEATS = """\
   slices into a reduce-scatter, which sends half the bytes.
 - Bytes sent assume ring algorithms (all-reduce 2(n-1)/n of the buffer, all-gather and
   reduce-scatter (n-1)/n); NCCL may pick trees or NVLS, with other constants.
-- The step time is FLOPs / (devices x peak x the stated MFU); it ignores communication."""
+- The step time is FLOPs / (devices x peak x the stated MFU), divided by 1 - the bubble
+  for a pipelined run; it ignores communication."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,10 +134,26 @@ class Plan:
     upcast_copies: list[tuple[str, int]]  # XLA:CPU's float32 copies of bfloat16 arrays
     compile_s: float
     compiled: object = dataclasses.field(repr=False)  # the jax Compiled step (HLO, analyses)
+    pipeline: spec.PipelineSpec | None = None  # None: one stage
+    accumulation_steps: int = 1  # GRADIENT_ACCUMULATION_STEPS: sub-batches per update
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
+
+    @property
+    def sub_batch(self) -> int:
+        """Sequences of one pass through the model: the global batch / accumulation steps."""
+        return self.global_batch // self.accumulation_steps
+
+    @property
+    def bubble(self) -> float:
+        """The share of each pipeline stage's time spent idle; 0 with one stage."""
+        return self.pipeline.bubble_fraction() if self.pipeline is not None else 0.0
+
+    @property
+    def stage_transfers(self) -> list[hlo_text.Traffic]:
+        return hlo_text.stage_transfers(self.traffic)
 
 
 def device_count(exp) -> int:
@@ -211,7 +228,8 @@ def plan(exp, config: fdl.Config) -> Plan:
         matmul_params=throughput.matmul_param_count(state["params"]),
         flops_per_token=trainer.flops_per_token, memory=memory, traffic=traffic,
         upcast_copies=hlo_text.upcast_copies(program),
-        compile_s=compile_s, compiled=compiled)
+        compile_s=compile_s, compiled=compiled, pipeline=run.pipeline,
+        accumulation_steps=run.loop.gradient_accumulation_steps)
 
 
 def _device_bytes(tree) -> int:
@@ -260,28 +278,66 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
              else ("save_nothing",) if policy != "save_nothing" else ())
     remat = [({"CHECKPOINT_POLICY": name}, "recomputes more of the forward pass in the "
               "backward pass (up to one more forward: about 1/3 more FLOPs)") for name in later]
+    # Each sub-batch (GRADIENT_ACCUMULATION_STEPS) splits over the batch shards.
+    shards = math.prod(p.mesh_shape.get(a, 1) for a in mesh_lib.BATCH_AXES)
+    steps = p.accumulation_steps
     batch, size = [], hp["PERCORE_BATCH_SIZE"]
     while True:
         size /= 2
         exact = size * p.num_devices
-        shards = p.mesh_shape["replica"] * p.mesh_shape["data"]
-        if exact < shards or exact != int(exact) or int(exact) % shards:
+        if exact < shards * steps or exact != int(exact) or int(exact) % (shards * steps):
             break
         batch.append(({"PERCORE_BATCH_SIZE": int(size) if size == int(size) else size},
                       f"{size * p.num_devices:g} sequences per step instead of "
                       f"{p.global_batch}: a different optimisation (re-tune the learning "
                       f"rate) and less work per device to hide communication behind"))
+    accumulate = []
+    while p.global_batch % (shards * steps * 2) == 0:
+        steps *= 2
+        accumulate.append(({"GRADIENT_ACCUMULATION_STEPS": steps},
+                           f"the same update (global batch {p.global_batch}) run as {steps} "
+                           f"sub-batches of {p.global_batch // steps} one after another: less "
+                           f"work per pass to hide communication behind" + (
+                               ", and a pipeline fill and drain per sub-batch"
+                               if p.pipeline is not None else "")))
     fsdp = []
-    ici, dcn = list(hp["ICI_MESH_SHAPE"]), list(hp["DCN_MESH_SHAPE"])
-    if ici[0] > 1:  # the replica axis's devices within a node shard the weights instead
-        ici = [1, ici[0] * ici[1], ici[2]]
+    # Three-entry shapes are [replica, data, mdl]; four put the stages first, kept as they are.
+    *ici_stage, replica, data, mdl = hp["ICI_MESH_SHAPE"]
+    *dcn_stage, dcn_replica, dcn_data, dcn_mdl = hp["DCN_MESH_SHAPE"]
+    ici = [*ici_stage, replica, data, mdl]
+    if replica > 1:  # the replica axis's devices within a node shard the weights instead
+        ici = [*ici_stage, 1, replica * data, mdl]
         fsdp.append(({"ICI_MESH_SHAPE": ici}, "weights gathered over NVLink for every "
                      "layer, forward and backward, instead of held whole"))
-    if dcn[0] > 1:  # ... and across nodes too
-        fsdp.append(({"ICI_MESH_SHAPE": ici, "DCN_MESH_SHAPE": [1, dcn[0] * dcn[1], dcn[2]]},
+    if dcn_replica > 1:  # ... and across nodes too
+        fsdp.append(({"ICI_MESH_SHAPE": ici,
+                      "DCN_MESH_SHAPE": [*dcn_stage, 1, dcn_replica * dcn_data, dcn_mdl]},
                      "weights gathered across nodes (the slow network) for every layer"))
-    return {"rematerialisation (CHECKPOINT_POLICY)": remat,
-            "smaller batch (PERCORE_BATCH_SIZE)": batch, "more FSDP (mesh)": fsdp}
+    changes = {"rematerialisation (CHECKPOINT_POLICY)": remat,
+               "smaller batch (PERCORE_BATCH_SIZE)": batch,
+               "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
+               "more FSDP (mesh)": fsdp}
+    if p.pipeline is not None:
+        changes["more, smaller microbatches (pipeline)"] = _more_microbatches(p)
+    return changes
+
+
+def _more_microbatches(p: Plan) -> list[tuple[dict, str]]:
+    """NUM_MICROBATCHES doubled (or MICROBATCH_SIZE halved) while the microbatches still
+    split over each stage's replica x data shards: less alive per pipeline iteration, and a
+    smaller bubble."""
+    hp, pipe = p.hyperparameters, p.pipeline
+    shards = p.mesh_shape.get("replica", 1) * p.mesh_shape.get("data", 1)
+    found, count = [], pipe.num_microbatches
+    while p.sub_batch % (count * 2) == 0 and (p.sub_batch // (count * 2)) % shards == 0:
+        count *= 2
+        bubble = dataclasses.replace(pipe, num_microbatches=count).bubble_fraction()
+        change = ({"MICROBATCH_SIZE": p.sub_batch // count} if hp.get("MICROBATCH_SIZE")
+                  else {"NUM_MICROBATCHES": count})
+        found.append((change, f"{count} microbatches of {p.sub_batch // count} per sub-batch: "
+                              f"smaller matmuls per pipeline iteration; the bubble shrinks "
+                              f"to {bubble:.1%}"))
+    return found
 
 
 def find_changes(exp, p: Plan, budget: int, variant_graph) -> dict[str, list[Change]]:
@@ -330,11 +386,15 @@ def report(exp, config: fdl.Config, variant_graph, *, device: str = "h100", mfu:
         for kind, tried in find_changes(exp, p, budget, variant_graph).items():
             lines += _describe_changes(kind, tried, budget)
     step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
+    # A pipeline's stages compute at that MFU while busy, and wait out the bubble.
+    step_s /= 1 - p.bubble
+    bubble = (f", the pipeline bubble ({p.bubble:.1%} idle) included" if p.pipeline is not None
+              else "")
     measured = MEASURED_MFU.get(type(exp).__name__, {}).get(device)
     lines += ["", f"Speed on {p.num_devices} x {chosen.name} at an assumed MFU of {mfu:.0%} "
               f"(--plan_mfu)",
               f"  step time {step_s:.3g} s, {p.tokens_per_step / step_s:,.0f} tokens/s, "
-              f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device",
+              f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device{bubble}",
               f"  measured MFU on {chosen.name}: " + (
                   f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
                   f"none recorded for {type(exp).__name__} yet (bench/gpu_bench.py "
@@ -361,6 +421,11 @@ def _describe(p: Plan) -> list[str]:
         f"  global batch {p.global_batch} x {p.seq_len} = {p.tokens_per_step:,} tokens per "
         f"step; PERCORE_BATCH_SIZE={hp['PERCORE_BATCH_SIZE']:g}, "
         f"CHECKPOINT_POLICY={hp['CHECKPOINT_POLICY']}, FPROP_DTYPE={hp['FPROP_DTYPE']}",
+    ]
+    if p.accumulation_steps > 1:
+        lines.append(f"  GRADIENT_ACCUMULATION_STEPS={p.accumulation_steps}: {p.accumulation_steps}"
+                     f" sub-batches of {p.sub_batch} sequences, one after another, per update")
+    lines += [
         "",
         "Model",
         f"  parameters       {p.num_params:,} ({p.matmul_params:,} in matmuls)",
@@ -397,6 +462,42 @@ def _describe(p: Plan) -> list[str]:
                      f"{_size(t.buffer_bytes):>10} {_size(t.sent_bytes):>10}")
     if not p.traffic:
         lines.append("  none (every device computes alone)")
+    if p.pipeline is not None:
+        lines += ["", *_describe_pipeline(p)]
+    return lines
+
+
+def _describe_pipeline(p: Plan) -> list[str]:
+    """The schedule, its bubble and what the stages send each other."""
+    pipe = p.pipeline
+    s, m, r = pipe.num_stages, pipe.num_microbatches, pipe.circular_repeat
+    blocks = s * r
+    layers = p.hyperparameters["NUM_LAYERS"] // blocks
+    layers = f"{layers} layer{'s' if layers > 1 else ''}"
+    if r > 1:
+        schedule = (f"circular (CIRCULAR_REPEAT={r}: each stage holds {r} blocks of {layers}, "
+                    f"visited in turn)")
+        formula = f"(S-1)/(R*M+S-1) = {s - 1}/({r}*{m}+{s - 1})"
+    else:
+        schedule = f"GPipe ({layers} per stage)"
+        formula = f"(S-1)/(M+S-1) = {s - 1}/({m}+{s - 1})"
+    sent = sum(t.sent_bytes for t in p.stage_transfers)
+    count = sum(t.count for t in p.stage_transfers)
+    links = sorted({t.links for t in p.stage_transfers})
+    per_sub = (f" per sub-batch ({p.accumulation_steps} sub-batches per step)"
+               if p.accumulation_steps > 1 else "")
+    lines = [
+        f"Pipeline: {s} stages, schedule {schedule}",
+        f"  {m} microbatches of {p.sub_batch // m} sequence"
+        f"{'s' if p.sub_batch // m > 1 else ''}{per_sub}",
+        f"  bubble {formula} = {pipe.bubble_fraction():.1%} of each stage's time idle",
+    ]
+    if p.stage_transfers:
+        lines.append(f"  stage-to-stage transfers: {_size(sent)} sent per device per step, over "
+                     f"{' and '.join(links)} ({count} collective-permutes along stage: "
+                     f"activations forward, their gradients back)")
+    else:
+        lines.append("  stage-to-stage transfers: none found in the compiled program")
     return lines
 
 
@@ -408,7 +509,9 @@ def _describe_changes(kind: str, tried: list[Change], budget: int) -> list[str]:
         if change.error:
             lines.append(f"    {change.flags}: cannot plan: {change.error}")
             continue
-        lines.append(f"    {change.flags}: {_verdict(change.plan, budget)}")
+        bubble = (f"; bubble {change.plan.bubble:.1%}" if change.plan.pipeline is not None
+                  else "")
+        lines.append(f"    {change.flags}: {_verdict(change.plan, budget)}{bubble}")
         if fits(change.plan, budget):
             lines.append(f"      cost: {change.cost}")
     if all(c.plan is None or not fits(c.plan, budget) for c in tried):

@@ -17,16 +17,17 @@ import fiddle as fdl
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax, transformers
 
-from runner.cluster.mesh import BATCH_AXES, MESH_AXIS_NAMES
+from runner.cluster.mesh import BATCH_AXES, MESH_AXIS_NAMES, with_stage_axis
 
 
 def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
     """A copy of the LanguageModel `template` annotated for a mesh of `mesh_shape`.
 
-    `mesh_shape` is the whole mesh (ICI x DCN per axis) over MESH_AXIS_NAMES.
+    `mesh_shape` is the whole mesh (ICI x DCN per axis) over MESH_AXIS_NAMES (or over the
+    last three, for one stage).
     """
     model = copy.deepcopy(template)
-    mesh_shape = list(mesh_shape)
+    mesh_shape = with_stage_axis(mesh_shape)
     stage, replica, data, mdl = MESH_AXIS_NAMES
     lm = model.lm_tpl
     # praxis's helper also switches shared embeddings to one-hot matmul lookups;
