@@ -81,6 +81,7 @@ def test_a_pipelined_checkpoint_resumes_in_a_plain_model(tmp_path, pipelined_run
     assert_equal_trees(jax.device_get(params_only.state), {"params": want["params"]})
 
 
+@pytest.mark.slow  # the pipelined -> plain resume above runs in make test
 def test_a_plain_checkpoint_restores_into_a_circular_pipeline(tmp_path):
     _, directory, saved, _, _ = train_and_save(tmp_path, "plain", 1, **PLAIN)
     circular = make_trainer(tmp_path / "circular", **CIRCULAR)

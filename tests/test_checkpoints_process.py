@@ -136,6 +136,7 @@ def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_pa
     assert [v for s, v in losses if s > restored] == [v for s, v in reference if s > restored]
 
 
+@pytest.mark.slow  # the kill -9 resume above covers resuming; this adds the restore path
 def test_a_run_from_checkpoint_restore_path_killed_resumes_its_own_checkpoints(tmp_path, env):
     """CHECKPOINT_RESTORE_PATH seeds a new job once: after kill -9 the same command resumes
     the job's own checkpoint (never re-initialising over it), and the source is unchanged."""

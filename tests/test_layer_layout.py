@@ -164,8 +164,9 @@ def plain():
     return model, params, loss(model, params)
 
 
-@pytest.mark.parametrize("stages,repeat,repeated", [(2, 1, False), (2, 1, True), (2, 2, False),
-                                                    (2, 2, True)])
+@pytest.mark.parametrize("stages,repeat,repeated", [
+    (2, 1, False), pytest.param(2, 1, True, marks=pytest.mark.slow), (2, 2, False),
+    pytest.param(2, 2, True, marks=pytest.mark.slow)])
 def test_a_pipelined_model_with_relaid_layers_computes_the_plain_models_loss(
         plain, stages, repeat, repeated):
     model, params, want = plain

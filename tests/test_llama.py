@@ -27,7 +27,7 @@ def single_device_losses(tmp_path_factory):
     return train_losses(trainer, 5)
 
 
-@pytest.mark.parametrize("ici", [[2, 2, 2], [1, 2, 4]])
+@pytest.mark.parametrize("ici", [[2, 2, 2], pytest.param([1, 2, 4], marks=pytest.mark.slow)])
 def test_llama_trains_sharded_like_one_device(ici, tmp_path, single_device_losses):
     trainer = make_trainer(tmp_path, experiment=LlamaBase, ICI_MESH_SHAPE=ici,
                            PERCORE_BATCH_SIZE=1, **LLAMA)
@@ -58,6 +58,7 @@ def test_llama_learns(tmp_path):
     assert np.mean(losses[-5:]) < 0.7 * losses[0], losses[::10]
 
 
+@pytest.mark.slow  # resuming is the same code for every family (tests/test_checkpoints.py)
 def test_llama_checkpoints_resumes_and_evaluates(tmp_path, capsys):
     tiny = experiments.resolve("experiments.LlamaTiny")
     settings = dict(NUM_LAYERS=2, MAX_SEQ_LEN=64, PERCORE_BATCH_SIZE=1, SUMMARY_INTERVAL_STEPS=1,

@@ -235,8 +235,10 @@ def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process)
 @pytest.mark.parametrize("num, ici, dcn, rows, weight_rows", [
     # FSDP across processes: each holds half of every weight's `data` dimension.
     (2, [1, 4, 1], [1, 2, 1], [[0, 4], [4, 8]], [[0, 32], [32, 64]]),
-    # Data parallel across 4 processes (each a whole replica), FSDP over its 2 devices.
-    (4, [1, 2, 1], [4, 1, 1], [[0, 2], [2, 4], [4, 6], [6, 8]], [[0, 64]] * 4),
+    # Data parallel across 4 processes (each a whole replica), FSDP over its 2 devices
+    # (slow: the 2x4 case covers processes that train like one).
+    pytest.param(4, [1, 2, 1], [4, 1, 1], [[0, 2], [2, 4], [4, 6], [6, 8]], [[0, 64]] * 4,
+                 marks=pytest.mark.slow),
 ], ids=["2x4-fsdp-across", "4x2-dp-across"])
 def test_processes_train_and_evaluate_like_one(tmp_path, one_process, num, ici, dcn, rows,
                                                weight_rows):

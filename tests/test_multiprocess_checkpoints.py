@@ -71,6 +71,7 @@ def main_py_run(tmp_path, name, num, max_steps, restore_from=None, **mesh) -> tu
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # 26 s; make test keeps the one-process elastic restores
 def test_checkpoint_from_two_processes_restores_in_one_and_back(tmp_path, one_process):
     one_process_losses, one_process_params = one_process
     expected = dict(enumerate(one_process_losses, start=1))

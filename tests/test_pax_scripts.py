@@ -86,6 +86,7 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # two processes under Pax's .sub; the single-node scripts run in make test
 def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):
     """run_pile_multinode.sh's command as example_slurm_pile.sub starts it: srun with one task
     per GPU (`--ntasks-per-node=8` there; 2 nodes x 2 tasks of 1 device here), each task
