@@ -27,9 +27,12 @@ def make_trainer(tmp_path, devices=None, experiment=experiments.BaseExperiment, 
     return Trainer(run, mesh, str(tmp_path))
 
 
-def run_steps(trainer, steps: int):
-    """(per-step losses, final state) of `steps` steps from a fresh state, read after each step."""
+def run_steps(trainer, steps: int, params=None):
+    """(per-step losses, final state) of `steps` steps from a fresh state (with `params`
+    instead of the initial parameters, if given), each loss read after its step."""
     state = trainer.init_state()
+    if params is not None:
+        state["params"] = jax.device_put(params, trainer.state_shardings["params"])
     data = trainer.make_train_input()
     losses = []
     for _ in range(steps):

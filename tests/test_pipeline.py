@@ -16,7 +16,7 @@ from layers import layer_layout
 from runner.core import spec
 from runner.core.errors import UserError
 from runner.state import checkpoints
-from tests.helpers import TINY, make_trainer
+from tests.helpers import TINY, make_trainer, run_steps
 
 STEPS = 5
 # The learning rate moves the weights from step 2 on (step 1 runs at rate 0).
@@ -24,19 +24,6 @@ TRAIN = dict(PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1, LR_COS_D
              LR_COS_DECAY_END=100)
 PIPELINED = dict(ICI_MESH_SHAPE=[2, 1, 2, 2], NUM_MICROBATCHES=2)
 PLAIN = dict(ICI_MESH_SHAPE=[1, 4, 2])
-
-
-def losses_from(trainer, params, steps: int = STEPS) -> list[float]:
-    """Per-step losses of `steps` steps from `params` (a fresh optimizer state)."""
-    state = trainer.init_state()
-    state["params"] = jax.device_put(params, trainer.state_shardings["params"])
-    data = trainer.make_train_input()
-    losses = []
-    for _ in range(steps):
-        with jax.set_mesh(trainer.mesh):
-            state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
-        losses.append(float(metrics["loss"]))
-    return losses
 
 
 @pytest.mark.parametrize("experiment, overrides", [
@@ -56,8 +43,8 @@ def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, ove
     stage_specs = {name: sharding.spec[0] for name, sharding in checkpoints.flat_params(
         pipelined.state_shardings["params"]).items() if "/pipeline/" in name}
     assert stage_specs and set(stage_specs.values()) == {"stage"}, stage_specs
-    expected = losses_from(plain, params)
-    got = losses_from(pipelined, relaid)
+    expected = run_steps(plain, STEPS, params)[0]
+    got = run_steps(pipelined, STEPS, relaid)[0]
     print(f"{experiment.__name__}: pipelined {got} vs plain {expected}")
     assert got == pytest.approx(expected, rel=1e-4)
     # The weights moved: a pipeline that dropped the layers' updates would still match step 1.
