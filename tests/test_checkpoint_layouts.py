@@ -19,7 +19,10 @@ from tests.inference_fixtures import greedy_reference, save_job
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-COMMON = dict(NUM_LAYERS=4, PERCORE_BATCH_SIZE=1)
+# The learning rate moves the weights from step 2 on.
+COMMON = dict(NUM_LAYERS=4, PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1,
+              LR_COS_DECAY_START=1, LR_COS_DECAY_END=100)
+SAVED_AT, MORE = 2, 3  # the pipelined run saves at step 2 and trains to step 5
 PIPELINED = dict(COMMON, ICI_MESH_SHAPE=[2, 1, 2, 2], NUM_MICROBATCHES=2)  # 2 stages x 2
 PLAIN = dict(COMMON, ICI_MESH_SHAPE=[1, 4, 2])
 # 2 circular repeats x 2 stages x 1 repeated layer
@@ -27,16 +30,16 @@ CIRCULAR = dict(COMMON, ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2, CIRCULA
                 USE_REPEATED_LAYER=True)
 
 
-def train_and_save(tmp_path, name, steps, **overrides):
-    """(trainer, checkpoint directory, host state after `steps` steps, input state,
-    losses of one more step) of a run that saved at `steps`."""
+def train_and_save(tmp_path, name, steps, more=1, **overrides):
+    """(trainer, checkpoint directory, host state after `steps` steps, input state, the
+    losses of every step) of a run that saved at `steps` and trained `more` steps on."""
     trainer = make_trainer(tmp_path / name, **overrides)
     state, data = trainer.init_state(), trainer.make_train_input()
     losses = []
     directory = str(tmp_path / name / "checkpoints")
     with checkpoints.Checkpointer(directory, metadata={}, every_n_steps=0,
                                   max_to_keep=0) as saver:
-        for step in range(1, steps + 2):
+        for step in range(1, steps + more + 1):
             with jax.set_mesh(trainer.mesh):
                 state, metrics = trainer.train_step(state, trainer.to_device(data.next_batch()))
             losses.append(float(metrics["loss"]))
@@ -58,7 +61,8 @@ def assert_equal_trees(a, b):
 
 @pytest.fixture(scope="module")
 def pipelined_run(tmp_path_factory):
-    return train_and_save(tmp_path_factory.mktemp("layouts"), "pipelined", 1, **PIPELINED)
+    return train_and_save(tmp_path_factory.mktemp("layouts"), "pipelined", SAVED_AT, MORE,
+                          **PIPELINED)
 
 
 def test_a_pipelined_checkpoint_resumes_in_a_plain_model(tmp_path, pipelined_run):
@@ -66,16 +70,20 @@ def test_a_pipelined_checkpoint_resumes_in_a_plain_model(tmp_path, pipelined_run
     assert str(layout_of(saved)) == "4 layers as 2 stages x 2"
     plain = make_trainer(tmp_path, **PLAIN)
     restored = checkpoints.restore(directory, None, plain.abstract_state)
-    assert restored.step == 1 and restored.input_state == input_state
+    assert restored.step == SAVED_AT and restored.input_state == input_state
     want = ll.relayout_tree(saved, layout_of(saved), ll.StackLayout(4))
     assert_equal_trees(jax.device_get(restored.state), want)  # params, moments and step
     assert jax.tree_util.tree_map(lambda a: a.sharding, restored.state) == plain.state_shardings
-    # The plain model's next step is the pipelined run's next step.
+    # The plain model continues to the losses of the uninterrupted pipelined run.
     data = plain.make_train_input()
     data.set_state(restored.input_state)
-    with jax.set_mesh(plain.mesh):
-        _, metrics = plain.train_step(restored.state, plain.to_device(data.next_batch()))
-    np.testing.assert_allclose(float(metrics["loss"]), losses[1], rtol=1e-5)
+    state, resumed = restored.state, []
+    for _ in range(MORE):
+        with jax.set_mesh(plain.mesh):
+            state, metrics = plain.train_step(state, plain.to_device(data.next_batch()))
+        resumed.append(float(metrics["loss"]))
+    np.testing.assert_allclose(resumed, losses[SAVED_AT:], rtol=1e-4)
+    assert abs(losses[-1] - losses[SAVED_AT]) > 1e-3  # the weights moved meanwhile
     # Evaluation reads the parameters only.
     params_only = checkpoints.restore(directory, None, plain.abstract_state, params_only=True)
     assert_equal_trees(jax.device_get(params_only.state), {"params": want["params"]})
