@@ -13,6 +13,7 @@ import pytest
 import experiments
 from experiments.llama import LlamaTiny
 from layers import layer_layout
+from layers.stack import transformer_layer_template
 from runner.core import spec
 from runner.core.errors import UserError
 from runner.state import checkpoints
@@ -89,3 +90,21 @@ def test_stage_axis_that_does_not_cover_the_devices_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"ICI_MESH_SHAPE=\[2, 1, 2, 1\] x DCN_MESH_SHAPE="
                                         r"\[1, 1, 1, 1\] covers 4 devices, but this job has 8"):
         make_trainer(tmp_path, ICI_MESH_SHAPE=[2, 1, 2, 1], NUM_MICROBATCHES=2)
+
+
+def test_every_attention_implementation_runs_inside_the_pipeline(tmp_path):
+    """The fused attention kernels (layers/attention.py) under the pipeline's vmap over
+    stages: the same first loss as praxis's own attention (Pallas in interpret mode on the
+    CPU; cuDNN needs a GPU)."""
+    llama = dict(NUM_KV_HEADS=2, LAMBADA_EVAL=False, **TRAIN, **PIPELINED)
+    first, kernels = {}, set()
+    for impl in ("praxis", "xla", "pallas"):
+        trainer = make_trainer(tmp_path / impl, experiment=LlamaTiny, ATTENTION_IMPL=impl,
+                               **llama)
+        layer = transformer_layer_template(trainer.model.lm_tpl.stacked_transformer_tpl)
+        atten = layer.tr_atten_tpl
+        kernels.add((atten.cls.__name__, getattr(atten, "attention_impl", "praxis")))
+        first[impl] = run_steps(trainer, 1)[0][0]
+    assert len(kernels) == 3, kernels  # three different attention programs ran
+    assert first["xla"] == pytest.approx(first["praxis"], rel=1e-5), first
+    assert first["pallas"] == pytest.approx(first["praxis"], rel=1e-5), first
