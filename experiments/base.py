@@ -77,6 +77,10 @@ class BaseExperiment:
     # one chunk's [batch, chunk, vocab] logits exist at a time (layers/softmax.py); 0, or a
     # value >= MAX_SEQ_LEN, computes it in one pass as praxis does. Parameters are the same.
     LOSS_CHUNK_LEN: int = 512
+    # The transformer's projection and feed-forward matmuls in float8 with delayed scaling
+    # (layers/fp8.py; Pax/Rosetta's name). Needs FP8 tensor cores (Ada, Hopper or newer);
+    # on a CPU the FP8 numerics run emulated, slowly, for tests.
+    USE_FP8: bool = False
     # Dropout, praxis StackedTransformer's names; None = DROPOUT_PROB.
     DROPOUT_PROB: float = 0.0
     INPUT_DROPOUT_PROB: float = 0.0  # on the stack's input (embeddings)
@@ -238,6 +242,11 @@ class BaseExperiment:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise UserError(f"{name}={value} must be a probability in [0, 1)")
+        if self.USE_FP8 and self.num_stages() > 1:
+            raise UserError("USE_FP8 with pipeline stages is not supported: praxis's pipeline "
+                            "runs each stage's layers once per microbatch, and the FP8 scaling "
+                            "state's update would be summed over them; use a mesh without "
+                            "stages (three-entry ICI_MESH_SHAPE) or USE_FP8=False")
         if self.USE_LORA and self.LORA_RANK < 1:
             raise UserError(f"LORA_RANK={self.LORA_RANK} must be >= 1 (USE_LORA=False turns "
                             f"LoRA off)")

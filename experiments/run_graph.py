@@ -9,7 +9,7 @@ import math
 import fiddle as fdl
 import jax
 
-from layers import attention, lora, stack
+from layers import attention, fp8, lora, stack
 from layers.stack import transformer_layer_template
 from runner.cluster.mesh import with_stage_axis
 from runner.core import spec
@@ -28,6 +28,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     model = _with_attention_impl(exp, exp.model_template(), plan_for_hopper)
     if exp.USE_LORA:
         model = _with_lora(exp, model)
+    if exp.USE_FP8:
+        model = _with_fp8(model, plan_for_hopper)
     pipeline = _pipeline(exp)
     if pipeline is not None:
         model.lm_tpl.stacked_transformer_tpl = stack.pipelined(
@@ -54,6 +56,9 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
     )
     if exp.USE_LORA:  # only the adapters train: no moments, clipping or decay for the rest
         opt = fdl.Config(optimizer.train_only, tx=opt, trainable=lora.ADAPTER_RULE)
+    if exp.USE_FP8:  # the scaling state is the backward pass's to update, not Adam's
+        opt = fdl.Config(optimizer.overwrite_with_gradient, tx=opt,
+                         overwritten=fp8.SCALING_STATE_RULE)
     settings = exp.data_settings(data_dir=data_dir, vocab_path=vocab_path, cache_dir=cache_dir)
     return fdl.Config(
         spec.RunSpec,
@@ -107,7 +112,27 @@ def _initial_weights(exp) -> fdl.Config | None:
     rules = list(exp.CHECKPOINT_IGNORE_RULES or [])
     if exp.USE_LORA and lora.ADAPTER_RULE not in rules:  # the adapters start at zero
         rules.append(lora.ADAPTER_RULE)
+    # FP8 scaling state starts fresh (a bfloat16 checkpoint has none; an FP8 one's scales
+    # describe the source run's activations).
+    if exp.USE_FP8 and fp8.SCALING_STATE_RULE not in rules:
+        rules.append(fp8.SCALING_STATE_RULE)
     return fdl.Config(spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH, ignore_rules=rules)
+
+
+def _with_fp8(model, plan_for_hopper: bool | None):
+    """The template with FP8 matmuls (layers/fp8.py), where the platform has FP8 tensor
+    cores (compute capability 8.9: Ada, Hopper and newer); on a CPU, for tests, with a
+    note that it is emulated."""
+    if plan_for_hopper is None:
+        platform = jax.default_backend()
+        if platform == "gpu" and not fp8.has_fp8_tensor_cores(jax.devices()):
+            kind = jax.devices()[0].device_kind
+            raise UserError(f"USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer); "
+                            f"this {kind} has none: set --fdl.USE_FP8=False")
+        if platform != "gpu":
+            log(f"USE_FP8 on {platform}: FP8 numerics are emulated, slowly (for tests); "
+                f"it is a speed-up only on GPUs with FP8 tensor cores")
+    return fp8.use_fp8(model)
 
 
 def _with_lora(exp, model):

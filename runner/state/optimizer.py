@@ -3,7 +3,8 @@
 Same update as praxis's sharded_adam (bias-corrected moments, epsilon outside the
 square root, epsilon_root 0, no update clipping) plus global-norm gradient
 clipping, on optax; tests/test_optimizer.py checks both against praxis. `train_only`
-restricts an optimizer to some parameters (USE_LORA: the adapters), the rest frozen.
+restricts an optimizer to some parameters (USE_LORA: the adapters), the rest frozen;
+`overwrite_with_gradient` leaves some to the backward pass (USE_FP8's scaling state).
 """
 
 import re
@@ -83,8 +84,56 @@ def train_only(tx: optax.GradientTransformation, trainable: str) -> TrainOnly:
     return TrainOnly(masked.init, masked.update, trainable)
 
 
+class OverwriteWithGradient(NamedTuple):
+    """An optax GradientTransformation that applies `tx` to every parameter but those whose
+    path matches the regex `overwritten`: praxis's OVERWRITE_WITH_GRADIENT variables (the
+    FP8 scaling state, layers/fp8.py), whose backward pass returns their next value as
+    their "gradient". Their updates are zero; the trainer then writes the "gradient" in
+    (apply_overwrites). They have no Adam moments, and no part in gradient clipping,
+    weight decay or the gradient norm."""
+
+    init: optax.TransformInitFn
+    update: optax.TransformUpdateFn
+    tx: optax.GradientTransformation
+    overwritten: str
+
+
+def overwrite_with_gradient(tx: optax.GradientTransformation,
+                            overwritten: str) -> OverwriteWithGradient:
+    def labels(params):
+        return jax.tree_util.tree_map(lambda o: "overwritten" if o else "optimized",
+                                      _matching(overwritten, params))
+
+    split = optax.multi_transform({"optimized": tx, "overwritten": optax.set_to_zero()},
+                                  labels)
+    return OverwriteWithGradient(split.init, split.update, tx, overwritten)
+
+
+def overwritten_mask(tx, params):
+    """A tree of bools like `params`: which ones take their gradient as their value."""
+    if isinstance(tx, OverwriteWithGradient):
+        return _matching(tx.overwritten, params)
+    return jax.tree_util.tree_map(lambda _: False, params)
+
+
+def apply_overwrites(tx, params, grads):
+    """`params` with the overwritten ones (OverwriteWithGradient) set to their gradient."""
+    return jax.tree_util.tree_map(lambda p, g, o: g.astype(p.dtype) if o else p,
+                                  params, grads, overwritten_mask(tx, params))
+
+
+def optimized_gradients(tx, grads):
+    """`grads` with zeros for the overwritten parameters: what the gradient norm measures."""
+    return jax.tree_util.tree_map(lambda g, o: jnp.zeros_like(g) if o else g,
+                                  grads, overwritten_mask(tx, grads))
+
+
 def trainable_mask(tx, params):
-    """A tree of bools like `params`: which parameters `tx` trains (all, unless TrainOnly)."""
+    """A tree of bools like `params`: which parameters get a gradient: all, unless TrainOnly
+    freezes some (the overwritten ones always do: it carries their next value)."""
+    if isinstance(tx, OverwriteWithGradient):
+        return jax.tree_util.tree_map(lambda o, t: o or t, overwritten_mask(tx, params),
+                                      trainable_mask(tx.tx, params))
     if isinstance(tx, TrainOnly):
         return _matching(tx.trainable, params)
     return jax.tree_util.tree_map(lambda _: True, params)

@@ -73,15 +73,20 @@ def split(batch: dict, steps: int, mesh: Mesh) -> dict:
 
 
 def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int, mesh: Mesh,
-                   grad_shardings=None):
+                   grad_shardings=None, overwritten=None):
     """(loss, gradients, per-sub-batch losses [K]) of the global `batch`, run as `steps`
     sub-batches in sequence.
 
     `weighted_loss(params, sub_batch, key)` -> (mean loss, weight): praxis's total_loss.
     The loss and gradients are those of the whole batch's weighted mean; the gradients
     have the parameters' dtypes, summed in float32 (laid out as `grad_shardings`, the
-    parameters' shardings, when given).
+    parameters' shardings, when given). `overwritten` (a tree of bools like `params`)
+    marks "gradients" that are next values (the FP8 scaling state: amax histories whose
+    newest entry is the sub-batch's amax): those take the elementwise maximum over the
+    sub-batches, the whole batch's amax, instead of a sum.
     """
+    if overwritten is None:
+        overwritten = jax.tree_util.tree_map(lambda _: False, params)
     sub_batches = split(batch, steps, mesh)
     row_sharding = mesh_lib.batch_sharding(mesh)
 
@@ -99,11 +104,13 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
             lambda x: jax.lax.with_sharding_constraint(x, row_sharding), sub_batch)
         (total, (mean, weight)), grads = grad_fn(params, sub_batch,
                                                  jax.random.fold_in(key, k))
-        grad_sum = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32),
-                                          grad_sum, grads)
+        grad_sum = jax.tree_util.tree_map(
+            lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32),
+            grad_sum, grads, overwritten)
         return (loss_sum + total, weight_sum + weight, grad_sum), mean
 
-    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    zeros = jax.tree_util.tree_map(
+        lambda p, o: jnp.full(p.shape, -jnp.inf if o else 0.0, jnp.float32), params, overwritten)
     if grad_shardings is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
     init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
@@ -111,8 +118,9 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
         body, init, (sub_batches, jnp.arange(steps)))
     # No weighted token at all (K = 1 gives 0 then too): 0 rather than 0 / 0.
     denominator = jnp.where(weight_sum > 0, weight_sum, 1.0)
-    grads = jax.tree_util.tree_map(lambda g, p: (g / denominator).astype(p.dtype),
-                                   grad_sum, params)
+    grads = jax.tree_util.tree_map(
+        lambda g, p, o: (g if o else g / denominator).astype(p.dtype), grad_sum, params,
+        overwritten)
     return loss_sum / denominator, grads, sub_losses
 
 

@@ -126,14 +126,17 @@ class Trainer:
         if self.accumulation_steps > 1:  # the same update, one sub-batch at a time
             loss, grads, _ = accumulation.loss_and_grads(
                 self._weighted_loss, state["params"], batch, key, self.accumulation_steps,
-                self.mesh, self.state_shardings["params"])
+                self.mesh, self.state_shardings["params"],
+                overwritten=optimizer.overwritten_mask(self.tx, state["params"]))
         else:
             loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
-        grad_norm = optax.tree.norm(grads)
+        grad_norm = optax.tree.norm(optimizer.optimized_gradients(self.tx, grads))
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
         new_state = {
             "step": step + 1,
-            "params": optax.apply_updates(state["params"], updates),
+            # USE_FP8's scaling state: the backward pass computed its next value.
+            "params": optimizer.apply_overwrites(self.tx, params, grads),
             "opt_state": opt_state,
         }
         # The new parameters too: a finite gradient can still make a non-finite update
