@@ -390,8 +390,11 @@ def packed_gqa_note(layer: fdl.Config) -> str | None:
     return None
 
 
+def compute_capability(device) -> tuple[int, ...]:
+    """A GPU device's compute capability, e.g. (9, 0); (0,) for a device without one."""
+    return tuple(int(x) for x in str(getattr(device, "compute_capability", "0")).split("."))
+
+
 def hopper_or_newer(devices) -> bool:
     """Whether every one of these GPU devices has compute capability 9.0 or more."""
-    def capability(device):
-        return tuple(int(x) for x in str(getattr(device, "compute_capability", "0")).split("."))
-    return all(capability(d) >= (9, 0) for d in devices)
+    return all(compute_capability(d) >= (9, 0) for d in devices)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax.linen import fp8_ops
 from praxis import base_layer, pax_fiddle
 
+from layers.attention import compute_capability
 from layers.stack import transformer_layer_template
 
 # Transformer Engine's and praxis's default (praxis injection.fp8_nvidia_gpu).
@@ -59,14 +60,17 @@ class Fp8Einsum(base_layer.BaseLayer):
                 tensor_split_dims_mapping=None, collections=[owg]))
 
     def __call__(self, equation: str, inputs, weight):
-        theta = self.theta
+        # The scaling state in float32, as stored: `self.theta` would cast it to the compute
+        # dtype, and bfloat16 amaxes and scales would round each step's update.
+        state = {name: self.get_variable(base_layer.PARAMS, name) for name in _SCALING_STATE}
         # The weight arrives in the compute dtype (praxis casts it); quantize from there.
         dot_general = functools.partial(
             fp8_ops.fp8_scaled_dot_general,
-            lhs_scale=theta.input_scale, rhs_scale=theta.kernel_scale,
-            grad_scale=theta.output_grad_scale, lhs_amax_history=theta.input_amax_history,
-            rhs_amax_history=theta.kernel_amax_history,
-            grad_amax_history=theta.output_grad_amax_history,
+            lhs_scale=state["input_scale"], rhs_scale=state["kernel_scale"],
+            grad_scale=state["output_grad_scale"],
+            lhs_amax_history=state["input_amax_history"],
+            rhs_amax_history=state["kernel_amax_history"],
+            grad_amax_history=state["output_grad_amax_history"],
             quantize_compute_type=weight.dtype)
         return jnp.einsum(equation, inputs.astype(weight.dtype), weight,
                           _dot_general=dot_general)
@@ -74,9 +78,7 @@ class Fp8Einsum(base_layer.BaseLayer):
 
 def has_fp8_tensor_cores(devices) -> bool:
     """Whether every one of these GPU devices has compute capability 8.9 (Ada) or more."""
-    def capability(device):
-        return tuple(int(x) for x in str(getattr(device, "compute_capability", "0")).split("."))
-    return all(capability(d) >= (8, 9) for d in devices)
+    return all(compute_capability(d) >= (8, 9) for d in devices)
 
 
 def use_fp8(model: pax_fiddle.Config) -> pax_fiddle.Config:

@@ -14,7 +14,8 @@ data moves between devices (B must split into batch shards x K, check_split).
 Exactness. praxis's metrics.total_loss is (mean over the weighted target tokens, their
 total weight). Summing mean_k x weight_k and weight_k over the sub-batches, then dividing
 once at the end, gives the same loss and gradient as one pass over the global batch, up
-to float rounding; the sums are kept in float32.
+to float rounding; the sums are kept in float32. (The backward pass runs on mean_k / K,
+whose per-token gradients are a single pass's, and its gradient is scaled by K x weight_k.)
 
 Randomness. Sub-batch k draws from jax.random.fold_in(step key, k), so sub-batches get
 different dropout masks. (K = 1 does not come here: the trainer keeps its single pass
@@ -90,24 +91,27 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
     sub_batches = split(batch, steps, mesh)
     row_sharding = mesh_lib.batch_sharding(mesh)
 
-    def weighted_sum(p, sub_batch, sub_key):
+    def share(p, sub_batch, sub_key):
+        # Differentiate mean / K: with equal weights, each token's gradient is the one a
+        # single pass gives it, so values seen in the backward pass (the FP8 output-gradient
+        # amaxes) keep their scale; the weighting by the sub-batch's tokens comes after.
         mean, weight = weighted_loss(p, sub_batch, sub_key)
-        weight = jax.lax.stop_gradient(weight).astype(jnp.float32)
-        return mean.astype(jnp.float32) * weight, (mean, weight)
+        return mean.astype(jnp.float32) / steps, (mean, weight.astype(jnp.float32))
 
-    grad_fn = jax.value_and_grad(weighted_sum, has_aux=True)
+    grad_fn = jax.value_and_grad(share, has_aux=True)
 
     def body(carry, xs):
         loss_sum, weight_sum, grad_sum = carry
         sub_batch, k = xs
         sub_batch = jax.tree_util.tree_map(
             lambda x: jax.lax.with_sharding_constraint(x, row_sharding), sub_batch)
-        (total, (mean, weight)), grads = grad_fn(params, sub_batch,
-                                                 jax.random.fold_in(key, k))
+        (_, (mean, weight)), grads = grad_fn(params, sub_batch, jax.random.fold_in(key, k))
+        # The gradient of mean_k x weight_k: (gradient of mean_k / K) x K x weight_k.
+        scale = steps * weight
         grad_sum = jax.tree_util.tree_map(
-            lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32),
+            lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32) * scale,
             grad_sum, grads, overwritten)
-        return (loss_sum + total, weight_sum + weight, grad_sum), mean
+        return (loss_sum + mean * weight, weight_sum + weight, grad_sum), mean
 
     zeros = jax.tree_util.tree_map(
         lambda p, o: jnp.full(p.shape, -jnp.inf if o else 0.0, jnp.float32), params, overwritten)
