@@ -22,7 +22,17 @@ runs first for each GPT experiment, and each row shows its tokens/s per device o
 torch peer's. With --tiny (the default on CPU) every model, the torch peer's too, shrinks
 to 2 layers x 64, so CI can run the whole path in seconds.
 
+With --fp8, each row is followed by the same row with USE_FP8=True (layers/fp8.py): its
+tokens/s over the bfloat16 row's ("vs bf16"), and the loss of both after --loss_steps
+training steps (100 unless given; same seed, same synthetic batches). MFU is against the
+bfloat16 dense peak in FP8 rows too, so their MFU ratio is the speed-up. On a GPU each row
+also counts the cuBLASLt FP8 GEMM calls (`__cublas$lt$matmul$f8`) in its compiled step
+("f8 GEMMs"): 0 in an FP8 row means XLA fell back to f16/bf16 GEMMs. bench/fp8_gemm.py
+times the raw GEMMs.
+
     python bench/gpu_bench.py --json runs/gpu_bench.json                  # on the GPUs present
+    python bench/gpu_bench.py --configs Synthetic5B,GPT1_3B --impls auto --fp8 \
+        --percore_batch_size 4                                            # FP8 vs bf16
     python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas,cudnn --steps 20
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
@@ -60,10 +70,12 @@ TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_
 # (the runner's log lines, library warnings) is not parsed.
 ROW_PREFIX = "gpu_bench row: "
 GIB = 2**30
+FP8_GEMM_CALL = "__cublas$lt$matmul$f8"  # XLA's cuBLASLt FP8 GEMM custom call
 
 
 def experiment(name: str, impl: str, *, tiny: bool, devices: int,
-               percore_batch_size: float | None = None, unpacked: bool = False):
+               percore_batch_size: float | None = None, unpacked: bool = False,
+               fp8: bool = False):
     """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`."""
     import experiments
 
@@ -79,6 +91,8 @@ def experiment(name: str, impl: str, *, tiny: bool, devices: int,
         settings["ATTENTION_IMPL"] = impl
     if unpacked:
         settings["PACKED_INPUT"] = False
+    if fp8:
+        settings["USE_FP8"] = True
     if percore_batch_size:
         settings["PERCORE_BATCH_SIZE"] = percore_batch_size
     return experiments.resolve(f"experiments.{name}")(**settings)
@@ -170,7 +184,23 @@ def peak_memory_gib() -> float | None:
     return peak / GIB if peak else None
 
 
-def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
+def gemm_calls(compiled) -> dict:
+    """On a GPU: how many cuBLAS(Lt) GEMM calls the compiled step makes, and how many of
+    them are cuBLASLt FP8 GEMMs (what USE_FP8 needs XLA to emit for its speed)."""
+    import jax
+
+    if jax.default_backend() != "gpu":
+        return {}
+    try:
+        text = compiled.as_text()
+    except Exception:  # not every jax version or backend gives the optimized HLO
+        return {}
+    return {"fp8_gemms": text.count(FP8_GEMM_CALL),
+            "cublas_gemms": text.count('custom_call_target="__cublas$')}
+
+
+def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
+                    loss_steps: int = 0) -> dict:
     import jax
     from praxis import pax_fiddle
 
@@ -193,6 +223,7 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
             compiled = trainer.train_step.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
         xla_memory = memory_analysis(compiled)
+        gemms = gemm_calls(compiled)
         del compiled
         start = time.perf_counter()
         with jax.set_mesh(trainer.mesh):  # the first step, which the Trainer also waits for
@@ -207,6 +238,12 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
         jax.block_until_ready((state, metrics))
         window_s = time.perf_counter() - start
         done = clock.close()
+        # Untimed, up to --loss_steps steps in all: the loss that FP8 rows compare.
+        steps_run = 1 + warmup + steps
+        if loss_steps > steps_run:
+            state, metrics = train_steps(trainer, state, prefetcher, loss_steps - steps_run)
+            jax.block_until_ready((state, metrics))
+            steps_run = loss_steps
     finally:
         prefetcher.close()
     step_s = statistics.median(b - a for a, b in itertools.pairwise([start, *done]))
@@ -220,8 +257,9 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
         "global_batch": trainer.global_batch_size, "seq_len": run.model_shape.seq_len,
         "compile_s": compile_s, "first_step_s": first_step_s, "step_s": step_s,
         "mean_step_s": window_s / steps, "tokens_per_s": tokens_per_s, "mfu": mfu,
-        "peak_memory_gib": peak_memory_gib(), **(xla_memory or {}),
-        "loss": first_loss, "last_loss": float(metrics["loss"]),
+        "peak_memory_gib": peak_memory_gib(), **(xla_memory or {}), **gemms,
+        "fp8": exp.USE_FP8, "fprop_dtype": exp.FPROP_DTYPE,
+        "loss": first_loss, "last_loss": float(metrics["loss"]), "steps_run": steps_run,
         "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
         "jax": jax.__version__,
     }
@@ -230,7 +268,8 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> d
 def run_one(args) -> int:
     """--one CONFIG IMPL: measure one row here and print it as one JSON line."""
     name, impl = args.one
-    row = {"experiment": name, "attention": impl, "tiny": args.tiny, "steps": args.steps}
+    row = {"experiment": name, "attention": impl, "tiny": args.tiny, "steps": args.steps,
+           "fp8": args.fp8}
     try:
         if impl == "torch":
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -246,8 +285,9 @@ def run_one(args) -> int:
             jax.config.update("jax_enable_compilation_cache", False)
             exp = experiment(name, impl, tiny=args.tiny, devices=jax.device_count(),
                              percore_batch_size=args.percore_batch_size,
-                             unpacked=args.unpacked)
-            row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops))
+                             unpacked=args.unpacked, fp8=args.fp8)
+            row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops,
+                                       args.loss_steps))
     except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
     print(ROW_PREFIX + json.dumps(row), flush=True)
@@ -308,9 +348,12 @@ def child(argv: list[str], timeout_s: float, env: dict | None = None) -> dict:
     return {"error": f"exit status {done.returncode}: {tail[-1][:300] if tail else ''}"}
 
 
-def child_argv(args, name: str, impl: str) -> list[str]:
+def child_argv(args, name: str, impl: str, fp8: bool = False) -> list[str]:
     argv = ["--one", name, impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--tiny" if args.tiny else "--no-tiny", "--peak_tflops", str(args.peak_tflops)]
+            "--tiny" if args.tiny else "--no-tiny", "--peak_tflops", str(args.peak_tflops),
+            "--loss_steps", str(args.loss_steps)]
+    if fp8:
+        argv.append("--fp8")
     if args.percore_batch_size:
         argv += ["--percore_batch_size", str(args.percore_batch_size)]
     if args.unpacked:
@@ -318,16 +361,18 @@ def child_argv(args, name: str, impl: str) -> list[str]:
     return argv
 
 
-HEADER = (f"{'experiment':<14} {'attention':<14} {'packed':<6} {'params':>8} {'batch':>10} "
-          f"{'compile':>8} {'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak':>7} {'XLA est':>7} "
-          f"{'vs torch':>8}")
+HEADER = (f"{'experiment':<14} {'attention':<14} {'gemm':<4} {'packed':<6} {'params':>8} "
+          f"{'batch':>10} {'compile':>8} {'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak':>7} "
+          f"{'XLA est':>7} {'vs torch':>8} {'loss':>7} {'vs bf16':>7} {'f8 GEMMs':>8}")
+DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
 
 
 def format_row(row: dict) -> str:
     impl = row["attention"]
     if row.get("resolved") and row["resolved"] != impl:
         impl = f"{impl}>{row['resolved']}"
-    start = f"{row['experiment']:<14} {impl:<14}"
+    gemm = "fp8" if row.get("fp8") else DTYPES.get(row.get("fprop_dtype"), "")
+    start = f"{row['experiment']:<14} {impl:<14} {gemm:<4}"
     if "error" in row:
         return f"{start} error: {row['error']}"
     if "skipped" in row:
@@ -340,11 +385,32 @@ def format_row(row: dict) -> str:
 
     mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
     ratio = f"x{row['vs_torch']:.2f}" if row.get("vs_torch") else ""
+    vs_bf16 = f"x{row['vs_bf16']:.2f}" if row.get("vs_bf16") else ""
+    loss = f"{row['last_loss']:.4f}" if row.get("last_loss") is not None else ""
+    gemms = (f"{row['fp8_gemms']}/{row['cublas_gemms']}" if row.get("cublas_gemms") is not None
+             else "-")
     batch = f"{row['global_batch']}x{row['seq_len']}"
     return (f"{start} {'yes' if row['packed'] else 'no':<6} {row['params'] / 1e6:>7.1f}M "
             f"{batch:>10} {row['compile_s']:>7.1f}s {row['step_s'] * 1e3:>7.1f}ms "
             f"{row['tokens_per_s']:>11,.0f} {mfu:>6} {gib(row.get('peak_memory_gib')):>7} "
-            f"{gib(row.get('xla_memory_gib')):>7} {ratio:>8}")
+            f"{gib(row.get('xla_memory_gib')):>7} {ratio:>8} {loss:>7} {vs_bf16:>7} "
+            f"{gemms:>8}")
+
+
+def fp8_summary(pairs: list[tuple[dict, dict]]) -> list[str]:
+    """One line per (bfloat16 row, FP8 row): the speed ratio and both losses."""
+    lines = []
+    for base, fp8 in pairs:
+        name = f"{base['experiment']} {base['attention']}"
+        if "error" in base or "error" in fp8:
+            lines.append(f"  {name}: {(base.get('error') or fp8.get('error'))}")
+            continue
+        lines.append(
+            f"  {name}: FP8 {fp8['tokens_per_s']:,.0f} vs bf16 {base['tokens_per_s']:,.0f} "
+            f"tokens/s = x{fp8['vs_bf16']:.2f}; loss after {fp8['steps_run']} steps: "
+            f"FP8 {fp8['last_loss']:.4f}, bf16 {base['last_loss']:.4f} "
+            f"({fp8['loss_delta']:+.4f})")
+    return lines
 
 
 def main() -> int:
@@ -362,6 +428,13 @@ def main() -> int:
                         help="2 layers x 64 (default on CPU)")
     parser.add_argument("--unpacked", action="store_true",
                         help="PACKED_INPUT=False in every row (plain causal attention)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="after each row, the same with USE_FP8=True, its speed over the "
+                             "bfloat16 row's and the loss of both after --loss_steps steps")
+    parser.add_argument("--loss_steps", type=int, default=None,
+                        help="train each row to this many steps in all (untimed after the "
+                             "timed window) and report that step's loss (default: 100 with "
+                             "--fp8, else no extra steps)")
     parser.add_argument("--torch", action="store_true",
                         help="also time bench/torch_gpt.py's PyTorch peer of each GPT "
                              "experiment and show the ratio")
@@ -384,6 +457,8 @@ def main() -> int:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
+    if args.loss_steps is None:
+        args.loss_steps = 100 if args.fp8 and not args.one else 0
     if args.one:
         if args.tiny is None:
             args.tiny = not on_accelerator(args.one[1])
@@ -402,8 +477,11 @@ def main() -> int:
     print(f"device: {probe['device']} x {probe['devices']}, jax {probe['jax']}, "
           f"{'tiny shapes' if args.tiny else 'full shapes'}, {args.warmup} warm-up + "
           f"{args.steps} timed steps, a process per row")
+    print(f"MFU against the {'bfloat16 dense ' if args.fp8 else ''}peak of "
+          f"runner/training/throughput.py (or --peak_tflops); loss: of the last step "
+          f"({max(args.loss_steps, 1 + args.warmup + args.steps)} in all)")
     print(HEADER)
-    rows = []
+    rows, fp8_pairs = [], []
     for name in configs:
         peer = None
         if run_torch and name in TORCH_CONFIGS:
@@ -421,6 +499,18 @@ def main() -> int:
                 row["vs_torch"] = row["tokens_per_s"] / row["devices"] / peer["tokens_per_s"]
             print(format_row(row), flush=True)
             rows.append(row)
+            if args.fp8:
+                fp8 = {"experiment": name, "attention": impl,
+                       **child(child_argv(args, name, impl, fp8=True), args.timeout)}
+                if "error" not in fp8 and "error" not in row:
+                    fp8["vs_bf16"] = fp8["tokens_per_s"] / row["tokens_per_s"]
+                    fp8["loss_delta"] = fp8["last_loss"] - row["last_loss"]
+                print(format_row(fp8), flush=True)
+                rows.append(fp8)
+                fp8_pairs.append((row, fp8))
+    if fp8_pairs:
+        print("FP8 against bfloat16 (MFU of both against the bfloat16 dense peak):")
+        print("\n".join(fp8_summary(fp8_pairs)))
     torch_version = next((r["torch"] for r in rows if r.get("torch")), None)
     for row in rows:
         row.setdefault("device", probe["device"])

@@ -29,3 +29,26 @@ def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     # The same model, data and step on each implementation: the same first loss.
     assert max(r["loss"] for r in rows) - min(r["loss"] for r in rows) < 1e-4
     assert "Synthetic126M  xla" in out.stdout
+
+
+@pytest.mark.slow  # 20-30 s on 2 cores: three fresh processes and the GEMM script
+def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
+    """--fp8: each row then its USE_FP8 twin, with the speed ratio and both losses after
+    --loss_steps steps; bench/fp8_gemm.py's CPU mode prints every variant."""
+    out = subprocess.run(
+        [sys.executable, "bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
+         "--impls=praxis", "--fp8", "--loss_steps=6", f"--json={tmp_path / 'bench.json'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-2000:]
+    base, fp8 = json.loads((tmp_path / "bench.json").read_text())
+    assert "error" not in base and "error" not in fp8, (base, fp8)
+    assert (base["fp8"], fp8["fp8"]) == (False, True)
+    assert base["steps_run"] == fp8["steps_run"] == 6
+    assert fp8["vs_bf16"] > 0 and abs(fp8["loss_delta"]) < 0.05
+    assert fp8["params"] > base["params"]  # the scaling state is parameters
+    assert "FP8 against bfloat16" in out.stdout and "loss after 6 steps" in out.stdout
+    gemm = subprocess.run([sys.executable, "bench/fp8_gemm.py", "--tiny"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert gemm.returncode == 0, gemm.stderr[-2000:]
+    assert "failed" not in gemm.stdout
+    assert gemm.stdout.count("flax delayed fwd+bwd") == 3  # square + two model shapes

@@ -9,7 +9,12 @@ the dense matmuls forward and backward, the second attention's score and value
 matmuls. Rematerialisation is not counted (that would be hardware FLOPs).
 """
 
+import re
+
 import jax
+
+from layers import fp8
+from runner.state.checkpoints import param_path
 
 # Dense peak FLOP/s per device for the compute dtype, from the vendors' data
 # sheets (no sparsity). Keys are matched as substrings of `device.device_kind`.
@@ -41,10 +46,13 @@ def peak_flops_per_device(device: jax.Device | None = None, override_tflops: flo
 
 
 def matmul_param_count(params) -> int:
-    """Parameters counted in N above: everything except the position embedding table."""
+    """Parameters counted in N above: everything except the position embedding table and
+    USE_FP8's scaling state (amax histories and scales, no matmul's operands)."""
+    scaling_state = re.compile(fp8.SCALING_STATE_RULE)
     total = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        if "position_emb" in jax.tree_util.keystr(path):
+        name = param_path(path)
+        if "position_emb" in name or scaling_state.match(name):
             continue
         total += leaf.size
     return total
