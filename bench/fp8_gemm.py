@@ -30,16 +30,12 @@ FP8 rate is not being had). "cublas calls" counts every cuBLAS/cuBLASLt GEMM cal
 import argparse
 import functools
 import os
-import statistics
 import sys
-import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 FP8_CALL = "__cublas$lt$matmul$f8"
-AMAX_HISTORY_LENGTH = 1024  # layers/fp8.py's
-
 
 def model_shapes(configs: list[str], percore_batch_size: float | None, tiny: bool):
     """(label, M, K, N) of each experiment's first feed-forward matmul on one device."""
@@ -109,6 +105,8 @@ def operands(m: int, k: int, n: int):
     import jax
     import jax.numpy as jnp
 
+    from layers.fp8 import AMAX_HISTORY_LENGTH
+
     keys = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
     w = (jax.random.normal(keys[1], (k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
@@ -127,17 +125,6 @@ def operands(m: int, k: int, n: int):
     return x, w, state
 
 
-def time_call(fn, args, repeats: int) -> float:
-    """Median seconds of fn(*args), after one warm-up call."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -153,6 +140,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import jax
+
+    from bench.attention_kernels import time_call  # median milliseconds
 
     on_gpu = jax.default_backend() == "gpu"
     if args.tiny is None:
@@ -175,7 +164,7 @@ def main() -> int:
             shape = f"{label} {m}x{k}x{n}"
             try:
                 text = step.lower(x, w, state).compile().as_text()
-                seconds = time_call(step, (x, w, state), args.repeats)
+                seconds = time_call(step, (x, w, state), args.repeats) / 1e3
             except Exception as e:  # noqa: BLE001 - a variant this backend lacks is a row
                 print(f"  {shape:<34} {name:<22} failed: {str(e).splitlines()[0][:120]}")
                 continue
