@@ -8,11 +8,12 @@ literal (8, 0.5, [1,8,1], "bfloat16"). Mistakes in flags or hyperparameters prin
 one line and exit with status 2.
 
 Training resumes from the latest checkpoint in --job_log_dir. Exit status: 0 when
-training finished, or when SIGTERM/--preemption_signal stopped it after saving a
+training finished, or when SIGTERM/Ctrl-C/--preemption_signal stopped it after saving a
 checkpoint; 2 for a user error; 3 when the loss became NaN/Inf (the last good
-checkpoint is kept).
+checkpoint is kept); 130 for a Ctrl-C outside the training loop.
 """
 
+import json
 import os
 import sys
 
@@ -125,6 +126,9 @@ def resolve_experiment(hyperparameter_overrides: dict[str, str]):
                             f"override the graph's fields (--fdl.loop.max_steps=...) instead")
         recorded_name, recorded = job.recorded_experiment(FLAGS.fdl_config_file)
         name = name or recorded_name
+    run_record = recorded_run(name)
+    if run_record:
+        name = name or run_record["experiment"]
     if not name:
         raise UserError("--fdl_config is required (e.g. --fdl_config=experiments.Tiny; "
                         "--list_experiments lists them)")
@@ -134,12 +138,71 @@ def resolve_experiment(hyperparameter_overrides: dict[str, str]):
               file=sys.stderr)
     if FLAGS.fdl_config_file:
         return cls(**{k: v for k, v in recorded.items() if k in cls.hyperparameter_types()})
-    return cls(**overrides.hyperparameter_values(hyperparameter_overrides,
-                                                 cls.hyperparameter_types()))
+    values = overrides.hyperparameter_values(hyperparameter_overrides, cls.hyperparameter_types())
+    if run_record:
+        values = use_recorded_settings(cls, run_record, values)
+    return cls(**values)
+
+
+# --mode=decode/eval of a trained run: the data locations its hyperparameters.json recorded.
+_RECORDED_LOCATIONS: dict = {}
+
+
+def recorded_run(name: str | None) -> dict | None:
+    """--mode=decode and --mode=eval without --fdl_config_file: the record of the run in
+    --job_log_dir, when it holds one of the experiment named (or none is named)."""
+    if FLAGS.mode not in ("decode", "eval") or FLAGS.fdl_config_file or not FLAGS.job_log_dir:
+        return None
+    import experiments
+    from runner.launch import job
+
+    record = job.recorded_run(FLAGS.job_log_dir)
+    if record is None or not os.path.samefile(os.path.dirname(record["path"]),
+                                              FLAGS.job_log_dir):
+        return None
+    try:
+        if name and experiments.resolve(name) is not experiments.resolve(record["experiment"]):
+            return None  # another experiment's evaluation of this run (Lambada126M)
+    except UserError:
+        return None
+    return record
+
+
+def use_recorded_settings(cls, record: dict, values: dict) -> dict:
+    """The recorded run's hyperparameters and data locations under the command line's: a
+    run decodes and evaluates as it trained unless a flag says otherwise. Logs one line."""
+    from runner.core.log import log
+
+    types, defaults = cls.hyperparameter_types(), cls().hyperparameters()
+    recorded = {k: v for k, v in record["hyperparameters"].items()
+                if k in types and k not in values}
+    used = [f"{k}={v!r}" for k, v in recorded.items()
+            if json.dumps(v) != json.dumps(defaults.get(k))]
+    given = {"data_dir": data_dir(), "vocab_path": vocab_path(), "cache_dir": FLAGS.cache_dir}
+    for key, value in (record.get("data_locations") or {}).items():
+        if value and not given.get(key):
+            _RECORDED_LOCATIONS[key] = value
+            used.append(f"--{key}={value}")
+    if used:
+        log(f"using the run's recorded settings ({record['path']}): {', '.join(used)} "
+            f"(flags override them)")
+    return {**recorded, **values}
+
+
+def data_dir() -> str | None:
+    return (FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR")
+            or _RECORDED_LOCATIONS.get("data_dir"))
 
 
 def vocab_path() -> str | None:
-    return FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
+    return (FLAGS.vocab_path or os.environ.get("VOCAB_PATH")
+            or _RECORDED_LOCATIONS.get("vocab_path"))
+
+
+def data_locations() -> dict:
+    """Where this command line says the data live (recorded in hyperparameters.json)."""
+    return {"data_dir": data_dir(), "vocab_path": vocab_path(),
+            "cache_dir": FLAGS.cache_dir or _RECORDED_LOCATIONS.get("cache_dir")}
 
 
 def run_graph(exp, graph_overrides: dict[str, str]):
@@ -170,8 +233,8 @@ def experiment_graph(exp, graph_overrides: dict[str, str]):
         planned["plan_for_hopper"] = plan.DEVICE_KINDS.get(FLAGS.plan_device,
                                                            plan.DEVICE_KINDS["h100"]).hopper
     config = exp.run_config(
-        data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
-        vocab_path=vocab_path(), cache_dir=FLAGS.cache_dir, **planned)
+        data_dir=data_dir(), vocab_path=vocab_path(),
+        cache_dir=data_locations()["cache_dir"], **planned)
     overrides.apply_to_graph(config, graph_overrides, exp.hyperparameter_types())
     return config
 
@@ -186,6 +249,45 @@ def start_distributed() -> None:
         timeout_s=FLAGS.distributed_timeout_s)
     if distributed.initialize(options):
         log(distributed.describe())
+
+
+# Flags with a range: (flag, the test a value passes, the range in words). Checked as soon as
+# the flags are parsed, whatever the mode, so a typo fails before any work.
+_RANGES = [
+    ("plan_mfu", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.4"),
+    ("plan_device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: the table's)"),
+    ("peak_tflops", lambda v: 0 <= v < float("inf"), ">= 0 (0: looked up from the device)"),
+    ("num_hosts", lambda v: v >= 1, "at least 1"),
+    ("host_idx", lambda v: 0 <= v < (FLAGS.num_hosts or sys.maxsize),
+     "in 0 .. --num_hosts - 1"),
+    ("distributed_timeout_s", lambda v: v >= 1, "at least 1 second"),
+    ("restore_checkpoint_step", lambda v: v >= 0, "a step >= 0"),
+    ("max_decode_steps", lambda v: v >= 1, "at least 1"),
+    ("temperature", lambda v: 0 <= v < float("inf"), ">= 0 (0 decodes greedily)"),
+    ("top_k", lambda v: v >= 0, ">= 0 (0 keeps every token)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)"),
+    ("decode_seed", lambda v: 0 <= v < 2**32, "in 0 .. 2**32 - 1"),
+    ("decode_batch_size", lambda v: v >= 1, "at least 1"),
+    ("jax_profiler_port", lambda v: 1 <= v <= 65535, "a TCP port, 1 .. 65535"),
+    ("profile_start_step", lambda v: v >= 0, "a step >= 0"),
+    ("profile_num_steps", lambda v: v >= 1, "at least 1 step"),
+]
+
+
+def check_flag_ranges() -> None:
+    """Every flag with a range, in one line each (UserError: exit status 2)."""
+    for name, ok, expected in _RANGES:
+        value = FLAGS[name].value
+        if value is not None and not ok(value):
+            raise UserError(f"--{name}={value}: must be {expected}")
+
+
+def check_profile_steps(config) -> None:
+    """--profile_start_step must leave a step to trace before the run's last step."""
+    start, last = FLAGS.profile_start_step, config.loop.max_steps
+    if FLAGS.mode == "train" and start is not None and start >= last:
+        raise UserError(f"--profile_start_step={start}: the run ends at step {last}, so "
+                        f"nothing would be traced; pick a step below {last}")
 
 
 def setup_logging() -> None:
@@ -216,6 +318,7 @@ def main(argv: list[str]) -> int:
         raise UserError(str(error)) from None
     if len(positional) > 1:
         raise UserError(f"unexpected argument {positional[1]!r}; flags look like --name=value")
+    check_flag_ranges()
     setup_logging()
     dropped = xla_flags.drop_retired()
     if dropped:
@@ -244,6 +347,7 @@ def main(argv: list[str]) -> int:
         # after the flag checks, so typos fail fast.
         start_distributed()
     config = run_graph(exp, graph_overrides)
+    check_profile_steps(config)
     if FLAGS.print_config:
         from runner.launch import job
 
@@ -289,7 +393,8 @@ def run_mode(exp, config) -> None:
         skip_broken_checkpoints=FLAGS.skip_broken_checkpoints,
         profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
         profile_steps=(None if FLAGS.profile_start_step is None else
-                       (FLAGS.profile_start_step, FLAGS.profile_num_steps))), config=config)
+                       (FLAGS.profile_start_step, FLAGS.profile_num_steps)),
+        data_locations=data_locations()), config=config)
 
 
 def exit_now(code: int, message: str) -> None:
@@ -309,6 +414,11 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv))
     except UserError as error:
         exit_now(2, errors.message(error))
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop (start-up, compilation, evaluation); in the loop
+        # it saves a checkpoint and stops like SIGTERM (runner/training/preemption.py).
+        exit_now(130, "interrupted (Ctrl-C); run the same command again to resume from the "
+                      "last checkpoint")
     except Exception as error:
         # Only a run that got as far as importing the training loop can have diverged.
         callbacks = sys.modules.get("runner.training.callbacks")

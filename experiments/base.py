@@ -87,6 +87,16 @@ class BaseExperiment:
     ATTEN_DROPOUT_PROB: float | None = None  # on attention probabilities
     RESIDUAL_DROPOUT_PROB: float | None = None  # on each residual branch
     RELU_DROPOUT_PROB: float | None = None  # inside the feed-forward
+    # Pax's architecture names (paxml TransformerLmSpmdAdafactor / TransformerLmSpmdAdam),
+    # at the values of the Pax GPU configs; read by the GPT (layers/gpt.py). A model family
+    # that builds its own layers (Llama) refuses values other than these defaults.
+    ACTIVATION_CLS: str | type = "GELU"  # feed-forward activation: praxis class or its name
+    USE_GATED_ACTIVATION: bool = False  # gated feed-forward (a second input projection)
+    USE_BIAS: bool = True  # attention projections with biases
+    ATTEN_LOGIT_CAP: float = -1.0  # cap * tanh(logits / cap) on attention logits; <= 0: off
+    SEPARATE_EMBEDDING: bool = False  # untied input embedding and output softmax
+    TRAINABLE_POSITION_EMB: bool = True  # learned positions; False: praxis's sinusoidal ones
+    TRAINABLE_PE_MAX_SEQ_LEN: int | None = None  # learned position table size; None: MAX_SEQ_LEN
 
     # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP; stage = PP) ---
     # [replica, data, mdl], or [stage, replica, data, mdl] with pipeline stages (as Pax's
@@ -113,9 +123,13 @@ class BaseExperiment:
     LR_COS_DECAY_START: int = 10  # step at which cosine decay begins
     LR_COS_DECAY_END: int = 100  # step at which the rate reaches its minimum
     LR_COS_MIN_RATIO: float = 0.1  # minimum rate as a fraction of LEARNING_RATE
+    LR_COS_MAX: float = 1.0  # peak multiplier of LEARNING_RATE (praxis schedule's `max`)
+    LR_SCHEDULE: str = "linear_rampup_cosine_decay"  # the only schedule Paxloom has
     ADAM_BETA1: float = 0.9
     ADAM_BETA2: float = 0.95
     ADAM_EPSILON: float = 1e-8
+    ADAM_EPSILON_ROOT: float = 0.0  # inside the square root: m / (sqrt(v + this) + EPSILON)
+    ADAM_CLIP_THRESHOLD: float = -1.0  # cap each tensor's update RMS (praxis); <= 0: off
     WEIGHT_DECAY: float = 0.1  # decoupled, x learning rate, on every parameter (as Pax)
     CLIP_GRADIENT_NORM_TO_VALUE: float = 1.0  # 0 disables clipping
 
@@ -162,6 +176,9 @@ class BaseExperiment:
         for name, value in vars(cls).items():
             if not _is_hyperparameter_name(name):
                 continue
+            if name in PAX_REFUSED:
+                raise UserError(f"{cls.__module__}.{cls.__name__} sets {name}: "
+                                f"{PAX_REFUSED[name]}")
             if name not in declared:
                 raise UserError(
                     f"{cls.__module__}.{cls.__name__} sets {name}, which is not a declared "
@@ -199,8 +216,9 @@ class BaseExperiment:
         self.validate()
 
     def hyperparameters(self) -> dict[str, typing.Any]:
-        """The effective value of every hyperparameter, in declaration order."""
-        return {name: getattr(self, name) for name in self.hyperparameter_types()}
+        """The effective value of every hyperparameter, in declaration order. A class (Pax's
+        `ACTIVATION_CLS = layers.GELU`) is given by name, as `--fdl.NAME=` takes it back."""
+        return {name: _class_name(getattr(self, name)) for name in self.hyperparameter_types()}
 
     def validate(self) -> None:
         """Checks that need several hyperparameters at once. Raise UserError."""
@@ -250,8 +268,53 @@ class BaseExperiment:
         if self.USE_LORA and self.LORA_RANK < 1:
             raise UserError(f"LORA_RANK={self.LORA_RANK} must be >= 1 (USE_LORA=False turns "
                             f"LoRA off)")
+        self._validate_pax_names()
         if type(self).dataset is BaseExperiment.dataset:
             self.dataset()  # an unregistered DATASET fails now, with its near match
+
+    # The Pax architecture names layers/gpt.py reads; a family whose model_template builds
+    # other layers (experiments/llama.py) sets this False and refuses other values.
+    reads_gpt_architecture = True
+
+    def _validate_pax_names(self) -> None:
+        """Pax's names Paxloom honours only in part: one line naming the value and why."""
+        if self.LR_SCHEDULE != "linear_rampup_cosine_decay":
+            raise UserError(f"LR_SCHEDULE={self.LR_SCHEDULE!r}: Paxloom has only praxis's "
+                            f"'linear_rampup_cosine_decay' (LR_COS_*), not Pax's "
+                            f"LinearRampupExponentialDecay (LR_LRED_*)")
+        if not (math.isfinite(self.LR_COS_MAX) and self.LR_COS_MAX > 0):
+            raise UserError(f"LR_COS_MAX={self.LR_COS_MAX} must be a positive multiplier of "
+                            f"LEARNING_RATE (praxis asserts max > 0)")
+        if self.ADAM_EPSILON_ROOT < 0:
+            raise UserError(f"ADAM_EPSILON_ROOT={self.ADAM_EPSILON_ROOT} must be >= 0")
+        if self.ADAM_CLIP_THRESHOLD == 0:
+            raise UserError("ADAM_CLIP_THRESHOLD=0: paxml reads 0 as its default 1.0 "
+                            "(`ADAM_CLIP_THRESHOLD or 1.0`); set 1.0, or -1 for no update "
+                            "clipping")
+        if self.ATTEN_LOGIT_CAP > 0 and self.ATTENTION_IMPL not in ("auto", "praxis"):
+            raise UserError(f"ATTEN_LOGIT_CAP={self.ATTEN_LOGIT_CAP}: ATTENTION_IMPL="
+                            f"{self.ATTENTION_IMPL!r} has no attention logit cap; use "
+                            f"'praxis' (or 'auto', which picks it)")
+        if (self.TRAINABLE_PE_MAX_SEQ_LEN is not None
+                and self.TRAINABLE_PE_MAX_SEQ_LEN < self.MAX_SEQ_LEN):
+            raise UserError(f"TRAINABLE_PE_MAX_SEQ_LEN={self.TRAINABLE_PE_MAX_SEQ_LEN} is "
+                            f"shorter than MAX_SEQ_LEN={self.MAX_SEQ_LEN}: positions past it "
+                            f"have no embedding")
+        if self.reads_gpt_architecture:
+            from layers import gpt
+
+            try:
+                gpt.activation_class(self.ACTIVATION_CLS)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            return
+        for name in GPT_ARCHITECTURE:
+            value, default = getattr(self, name), getattr(BaseExperiment, name)
+            if _class_name(value) != _class_name(default):
+                raise UserError(f"{name}={_class_name(value)!r}: {type(self).__name__}'s "
+                                f"model_template builds its own layers and does not read "
+                                f"{name} (a GPT architecture name); leave it at "
+                                f"{_class_name(default)!r}")
 
     def num_stages(self) -> int:
         """Pipeline stages: the stage entries of a four-entry ICI x DCN mesh shape."""
@@ -329,6 +392,13 @@ class BaseExperiment:
             layernorm_epsilon=self.LAYERNORM_EPSILON,
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
             loss_chunk_len=self.loss_chunk_len(),
+            activation=self.ACTIVATION_CLS,
+            use_gated_activation=self.USE_GATED_ACTIVATION,
+            use_bias=self.USE_BIAS,
+            atten_logit_cap=self.ATTEN_LOGIT_CAP,
+            separate_embedding=self.SEPARATE_EMBEDDING,
+            trainable_position_emb=self.TRAINABLE_POSITION_EMB,
+            trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
         )
 
     def loss_chunk_len(self) -> int:
@@ -423,8 +493,33 @@ class BaseExperiment:
         return f"python main.py --fdl_config={cls.__module__}.{cls.__name__} --job_log_dir=runs/{cls.__name__}"
 
 
+# Read by layers/gpt.py (BaseExperiment.model_template), not by other model families.
+GPT_ARCHITECTURE = ("ACTIVATION_CLS", "USE_GATED_ACTIVATION", "USE_BIAS", "ATTEN_LOGIT_CAP",
+                    "SEPARATE_EMBEDDING", "TRAINABLE_POSITION_EMB", "TRAINABLE_PE_MAX_SEQ_LEN")
+
+# Names a Pax config sets that Paxloom refuses at class creation, with the reason.
+PAX_REFUSED = {
+    "R_COS_MIN_RATIO": "a typo in paxml's GPU configs (GPT126M), which Pax never read (its "
+                       "minimum ratio is the inherited LR_COS_MIN_RATIO = 0.1); set "
+                       "LR_COS_MIN_RATIO",
+}
+
+
+def _class_name(value):
+    """A class as the name ACTIVATION_CLS takes back: praxis activations by bare name,
+    others as module.Class; any other value as it is."""
+    if not isinstance(value, type):
+        return value
+    from praxis.layers import activations
+
+    if getattr(activations, value.__name__, None) is value:
+        return value.__name__
+    return f"{value.__module__}.{value.__qualname__}"
+
+
 def _is_hyperparameter_name(name: str) -> bool:
-    return name.isupper() and not name.startswith("_") and name not in ("CHOICES",)
+    return (name.isupper() and not name.startswith("_")
+            and name not in ("CHOICES", "GPT_ARCHITECTURE", "PAX_REFUSED"))
 
 
 def _type_name(hint) -> str:

@@ -199,6 +199,27 @@ class Pile126M(GPT126M):
 
 
 @register
+class Pile5B(GPT5B):
+    """The current paxml name for GPT5B on The Pile: its configs.py registers Pile5B
+    (GPT5BBase + the Pile dataset) and keeps `GPT5B = Pile5B` as a legacy alias; the values
+    are GPT5B's. (That newer configs.py also sets PACKED_INPUT=False on all its GPT bases;
+    these keep the packed input of the configs GPT5B was copied from: pass
+    --fdl.PACKED_INPUT=False for the other.)
+
+    python main.py --fdl_config=experiments.Pile5B --data_dir=$TFDS_DATA_DIR --vocab_path=spm.model --job_log_dir=runs/pile5b
+    """
+
+
+@register
+class Pile175B(GPT175B):
+    """The current paxml name for GPT175B on The Pile (`GPT175B = Pile175B` there is the
+    legacy alias); the values are GPT175B's (PACKED_INPUT as Pile5B says).
+
+    python main.py --fdl_config=experiments.Pile175B --fdl.DCN_MESH_SHAPE=[1,32,1] --data_dir=$TFDS_DATA_DIR --vocab_path=spm.model --job_log_dir=runs/pile175b
+    """
+
+
+@register
 class Lambada126M(GPT126M):
     """Zero-shot Lambada evaluation of a GPT126M checkpoint (as run_lambada_singlenode.sh).
 

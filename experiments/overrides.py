@@ -49,7 +49,7 @@ def literal(flag: str, raw: str, bare_word_ok: bool):
 
 def hyperparameter_values(overrides: dict[str, str], declared: dict[str, type]) -> dict:
     """Raw strings -> Python values. A bare word (a path) is accepted for str hyperparameters."""
-    return {name: literal(f"--fdl.{name}", raw, declared.get(name) in (str, str | None))
+    return {name: literal(f"--fdl.{name}", raw, declared.get(name) in (str, str | None, str | type))
             for name, raw in overrides.items()}
 
 
@@ -74,9 +74,49 @@ def apply_to_graph(config: fdl.Buildable, overrides: dict[str, str],
         _check_type(flag, old, value)
         if isinstance(old, float) and isinstance(value, int):
             value = float(value)
+        if isinstance(last, str):
+            check_range(flag, last, value)
         _set(parent, last, value)
         changes.append(f"{path}: {old!r} -> {value!r}")
     return changes
+
+
+# The ranges of graph fields, by field name: the same rules the UPPER_CASE hyperparameters
+# that set them follow (experiments/base.py validate), wherever in the graph they are.
+_POSITIVE = frozenset((
+    "max_steps", "summary_interval_steps", "num_layers", "num_heads", "num_kv_heads",
+    "model_dims", "hidden_dims", "dim_per_head", "input_dims", "output_dims", "embedding_dims",
+    "vocab_size", "num_classes", "max_seq_len", "seq_len", "seqlen", "percore_batch_size",
+    "global_batch_size", "gradient_accumulation_steps", "num_stages", "num_microbatches",
+    "circular_repeat", "learning_rate"))
+_NON_NEGATIVE = frozenset((
+    "eval_interval_steps", "checkpoint_every_n_steps", "checkpoint_max_to_keep", "num_batches",
+    "warmup_steps", "decay_start", "decay_end", "loss_chunk_len", "weight_decay"))
+_MESH_SHAPES = frozenset(("ici_mesh_shape", "dcn_mesh_shape"))
+
+
+def check_range(flag: str, field: str, value) -> None:
+    """A graph field's value within the range its hyperparameter has: one-line UserError."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if field in _MESH_SHAPES and isinstance(value, (list, tuple)):
+        if not value or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                for d in value):
+            raise UserError(f"{flag}={list(value)}: a mesh shape needs positive sizes, "
+                            f"e.g. [1,8,1]")
+        return
+    if not number(value):
+        return
+    if field in _POSITIVE and not value > 0:  # also refuses NaN
+        raise UserError(f"{flag}={value!r}: must be positive")
+    if field in _NON_NEGATIVE and not value >= 0:
+        raise UserError(f"{flag}={value!r}: must be >= 0")
+    if field.endswith("dropout_prob") or field.endswith("droppath_prob"):
+        if not 0.0 <= value < 1.0:
+            raise UserError(f"{flag}={value!r}: must be a probability in [0, 1)")
+    if field == "keep_prob" and not 0.0 < value <= 1.0:
+        raise UserError(f"{flag}={value!r}: must be a probability in (0, 1]")
 
 
 def _components(path: str, flag: str) -> list[str | int]:

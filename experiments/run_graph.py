@@ -44,6 +44,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         decay_start=exp.LR_COS_DECAY_START,
         decay_end=exp.LR_COS_DECAY_END,
         min_ratio=exp.LR_COS_MIN_RATIO,
+        peak=exp.LR_COS_MAX,
     )
     opt = fdl.Config(
         optimizer.adamw,
@@ -51,6 +52,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         beta1=exp.ADAM_BETA1,
         beta2=exp.ADAM_BETA2,
         epsilon=exp.ADAM_EPSILON,
+        epsilon_root=exp.ADAM_EPSILON_ROOT,
+        clip_threshold=exp.ADAM_CLIP_THRESHOLD,
         weight_decay=exp.WEIGHT_DECAY,
         clip_gradient_norm_to_value=exp.CLIP_GRADIENT_NORM_TO_VALUE,
     )
@@ -154,8 +157,10 @@ def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
     else:
         platform, hopper = "gpu", plan_for_hopper
     dropout = exp.DROPOUT_PROB if exp.ATTEN_DROPOUT_PROB is None else exp.ATTEN_DROPOUT_PROB
+    # The fused kernels have no logit cap (validate refuses naming one with ATTEN_LOGIT_CAP).
+    choice = "praxis" if exp.ATTEN_LOGIT_CAP > 0 else exp.ATTENTION_IMPL
     try:
-        impl = attention.resolve(exp.ATTENTION_IMPL, packed_input=exp.PACKED_INPUT,
+        impl = attention.resolve(choice, packed_input=exp.PACKED_INPUT,
                                  platform=platform, atten_dropout_prob=dropout,
                                  hopper_or_newer=hopper, dtype=exp.FPROP_DTYPE,
                                  head_dim=exp.DIMS_PER_HEAD)

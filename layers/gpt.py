@@ -18,7 +18,7 @@ cross-entropy runs over chunks of the sequence (same parameters, same loss).
 from praxis import pax_fiddle
 from praxis.layers import activations, embedding_softmax, transformer_models
 
-from layers.softmax import ChunkedSharedEmbeddingSoftmax
+from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
 from layers.stack import gaussian, language_model, transformer_layer_template
 
 
@@ -35,8 +35,22 @@ def gpt_model(
     layernorm_epsilon: float,
     embedding_lookup_style: str = "matmul",
     loss_chunk_len: int = 0,
+    activation: str | type = "GELU",
+    use_gated_activation: bool = False,
+    use_bias: bool = True,
+    atten_logit_cap: float = -1.0,
+    separate_embedding: bool = False,
+    trainable_position_emb: bool = True,
+    trainable_pe_max_seq_len: int | None = None,
 ) -> pax_fiddle.Config:
-    """The unsharded praxis LanguageModel config of a GPT around `stack` (layers.stack)."""
+    """The unsharded praxis LanguageModel config of a GPT around `stack` (layers.stack).
+
+    The keywords after `loss_chunk_len` are Pax's architecture hyperparameters
+    (ACTIVATION_CLS, USE_GATED_ACTIVATION, USE_BIAS, ATTEN_LOGIT_CAP, SEPARATE_EMBEDDING,
+    TRAINABLE_POSITION_EMB, TRAINABLE_PE_MAX_SEQ_LEN), set where paxml's
+    TransformerLmSpmdAdafactor/Adam and configure_gpt3_task set them; their defaults are
+    the Pax GPU configs' values.
+    """
     lm = pax_fiddle.Config(
         transformer_models.TransformerLm,
         model_dims=model_dims,
@@ -44,23 +58,36 @@ def gpt_model(
         packed_input=packed_input,
         stacked_transformer_tpl=stack,
     )
-    lm.position_emb_tpl = pax_fiddle.Config(
-        embedding_softmax.TrainablePositionalEmbedding,
-        max_seq_length=max_seq_len,
-        lookup_style=embedding_lookup_style,
-    )
+    if trainable_position_emb:
+        lm.position_emb_tpl = pax_fiddle.Config(
+            embedding_softmax.TrainablePositionalEmbedding,
+            max_seq_length=trainable_pe_max_seq_len or max_seq_len,
+            lookup_style=embedding_lookup_style,
+        )
+    else:  # Pax leaves praxis TransformerLm's default: sinusoidal positions
+        lm.position_emb_tpl = pax_fiddle.Config(embedding_softmax.PositionalEmbedding)
     # Chunking changes how the training loss is computed, not the layer's parameters.
     chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
-    lm.softmax_tpl = pax_fiddle.Config(
-        ChunkedSharedEmbeddingSoftmax if chunked else embedding_softmax.SharedEmbeddingSoftmax,
-        **chunked,
-        num_classes=vocab_size,
-        input_dims=model_dims,
-        scale_sqrt_depth=False,
-        soft_cap_logits=None,
-        lookup_style=embedding_lookup_style,
-        params_init=gaussian(softmax_init_std),
-    )
+    if separate_embedding:  # paxml: Embedding in, FullSoftmax out, no sqrt(depth) scaling
+        lm.separate_embedding_tpl = pax_fiddle.Config(
+            embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
+            scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
+        lm.softmax_tpl = pax_fiddle.Config(
+            ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
+            num_classes=vocab_size, input_dims=model_dims, soft_cap_logits=None,
+            params_init=gaussian(softmax_init_std))
+    else:
+        lm.softmax_tpl = pax_fiddle.Config(
+            ChunkedSharedEmbeddingSoftmax if chunked
+            else embedding_softmax.SharedEmbeddingSoftmax,
+            **chunked,
+            num_classes=vocab_size,
+            input_dims=model_dims,
+            scale_sqrt_depth=False,
+            soft_cap_logits=None,
+            lookup_style=embedding_lookup_style,
+            params_init=gaussian(softmax_init_std),
+        )
     lm.softmax_tpl.feed_forward_tpl.has_bias = False
     lm.final_ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
 
@@ -68,12 +95,52 @@ def gpt_model(
     layer.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
     ffn = layer.tr_fflayer_tpl
     ffn.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
-    ffn.activation_tpl = pax_fiddle.Config(activations.GELU, approximate=True)
+    activation_cls = activation_class(activation)
+    ffn.activation_tpl = pax_fiddle.Config(activation_cls)
+    if issubclass(activation_cls, activations.GELU):  # configure_gpt3_task's tanh GELU
+        ffn.activation_tpl.approximate = True
+    ffn.use_gated_activation = use_gated_activation
     ffn.has_bias = True
     layer.tr_atten_tpl.set(
-        use_bias=True,
+        use_bias=use_bias,
         combine_qkv=True,
         internal_enable_per_dim_scale=False,
-        atten_logit_cap=-1.0,  # the reference's ATTEN_LOGIT_CAP: disabled
+        atten_logit_cap=atten_logit_cap,  # the reference's ATTEN_LOGIT_CAP: -1, disabled
     )
     return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)
+
+
+def activation_class(activation: str | type) -> type:
+    """ACTIVATION_CLS as a praxis activation class: a class (as Pax's `layers.GELU`), the
+    name of one in praxis.layers.activations (any case: "GELU", "relu", "SiLU") or an
+    importable "module.Class". ValueError (one line) otherwise."""
+    import importlib
+
+    if isinstance(activation, str):
+        known = activation_names()
+        if "." in activation:
+            module_name, _, name = activation.rpartition(".")
+            try:
+                activation = getattr(importlib.import_module(module_name), name)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"ACTIVATION_CLS={activation!r} cannot be imported ({e})"
+                                 ) from None
+        elif activation.lower() in known:
+            activation = known[activation.lower()]
+        else:
+            from runner.core.errors import near_matches
+
+            names = sorted(cls.__name__ for cls in known.values())
+            raise ValueError(f"ACTIVATION_CLS={activation!r} is not a praxis activation"
+                             f"{near_matches(activation, names)} (one of {', '.join(names)})")
+    if not (isinstance(activation, type) and issubclass(activation, activations.BaseActivation)):
+        raise ValueError(f"ACTIVATION_CLS={activation!r} is not a subclass of praxis's "
+                         f"activations.BaseActivation")
+    return activation
+
+
+def activation_names() -> dict[str, type]:
+    """praxis.layers.activations' classes by lower-case name."""
+    return {cls.__name__.lower(): cls for cls in vars(activations).values()
+            if isinstance(cls, type) and issubclass(cls, activations.BaseActivation)
+            and cls is not activations.BaseActivation}

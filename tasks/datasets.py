@@ -28,7 +28,7 @@ from runner.core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.boolq import BoolQ
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
-from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
+from tasks.nodes import check_files, lambada_evaluation, required_data_dir, vocabulary
 from tasks.text import TextFiles
 
 _REGISTRY: dict[str, type] = {}
@@ -188,6 +188,13 @@ def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_siz
 def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows):
     return PileEvalInput(layout.pile_val_files(data_dir), vocab, seq_len, global_batch_size,
                          num_batches, process_rows)
+
+
+# Checked before the first step (runner/core/data.py), not when first read.
+pile_train_input.check = lambda *, data_dir, **_: layout.pile_train_files(data_dir)
+pile_eval_input.check = lambda *, data_dir, **_: check_files(
+    layout.pile_val_files, data_dir, "--fdl.EVAL_BATCHES=0 (or --noeval_on_test when "
+    "training) runs without the Pile validation evaluation")
 
 
 register("text")(TextFiles)  # tasks/text.py: your own files

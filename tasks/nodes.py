@@ -3,6 +3,7 @@ directory, and Lambada's evaluation (Pax's LAMBADA eval) over DIR/lambada."""
 
 import fiddle as fdl
 
+from runner.core import errors
 from runner.core.data import DataSettings, Tokenizer
 from runner.core.errors import UserError
 from tasks import evaluations, layout
@@ -35,6 +36,18 @@ def required_data_dir(data_dir) -> str:
     return str(data_dir)
 
 
+def check_files(find, data_dir, switch: str) -> None:
+    """`find(data_dir)` (a tasks/layout.py lookup), its one-line error extended with
+    `switch`: the flag that runs without these files."""
+    try:
+        find(data_dir)
+    except UserError as error:
+        raise UserError(f"{errors.message(error)}; or {switch}") from None
+
+
+LAMBADA_OFF = "--fdl.LAMBADA_EVAL=False runs without the Lambada evaluation"
+
+
 class LambadaEvalInput:
     """Lambada test passages as evaluation batches; `examples` keeps them for predictions."""
 
@@ -46,6 +59,11 @@ class LambadaEvalInput:
             self.examples = self.examples[:max_examples]
         self.vocab, self.seq_len = vocab, seq_len
         self.global_batch_size, self.process_rows = global_batch_size, process_rows
+
+    @staticmethod
+    def check(*, data_dir, **_) -> None:
+        """The Lambada files exist (runner/core/data.py: checked before the first step)."""
+        check_files(layout.lambada_files, data_dir, LAMBADA_OFF)
 
     def __iter__(self):
         return lambada_batches(self.examples, self.vocab, self.seq_len, self.global_batch_size,

@@ -23,6 +23,7 @@ multi-host runs, prepare once on shared storage before launching.
 """
 
 import dataclasses
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -283,20 +284,34 @@ def _prepare_missing(
             for i, f in todo:
                 _prepare_one(i, f, str(out_dir), vocab, threads, text_format)
         else:
-            with ctx.Pool(workers, initializer=_init_worker, initargs=(progress, threads)) as pool:
-                results = [
-                    pool.apply_async(
-                        _prepare_one, (i, f, str(out_dir), vocab, threads, text_format)
-                    )
-                    for i, f in todo
-                ]
-                for r in results:
-                    r.get()
+            _run_pool(ctx, workers, progress, threads,
+                      [(i, f, str(out_dir), vocab, threads, text_format) for i, f in todo])
     finally:
         _init_worker(None)
         stop.set()
         if bar is not None:
             bar.join()
+
+
+def _run_pool(ctx, workers: int, progress, threads: int, jobs: list[tuple]) -> None:
+    """_prepare_one of every job in a pool of `workers` processes. On a failure the pool is
+    stopped and freed before the error goes on: its queues' semaphores must be released
+    here, or a process that then exits at once (main.py's error line) leaves
+    multiprocessing's resource tracker to print a warning after that line."""
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(progress, threads))
+    error = result = None
+    try:
+        for result in [pool.apply_async(_prepare_one, job) for job in jobs]:
+            result.get()
+    except BaseException as e:  # noqa: BLE001 (re-raised below, once the pool is freed)
+        error = e.with_traceback(None)  # the traceback's frames hold the pool
+    finally:
+        pool.terminate()
+        pool.join()
+    del pool, result
+    gc.collect()
+    if error is not None:
+        raise error
 
 
 def main(argv):

@@ -31,6 +31,7 @@ transformers.
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -66,6 +67,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--output={output} exists and is not an empty directory; choose "
                         f"another or remove it")
+    _check_creatable(out, output)
     model = inference.load(config, job_log_dir, what="export",
                            restore_checkpoint_step=step, devices=[_host_device()])
     weights = canonical_weights(jax.device_get(model.params), arch)
@@ -94,6 +96,22 @@ def export(job_log_dir: str, output: str, step: int | None = None,
     print(f"wrote {target} ({count:,} parameters, step {model.step} of {model.checkpoint}) "
           f"to {out}: {', '.join(files)}")
     return out
+
+
+def _check_creatable(out: Path, output: str) -> None:
+    """--output can be created and written (before the slow read of the weights, and
+    before anything is written): its nearest existing directory takes a probe directory."""
+    existing = out.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--output={output}: {existing} is a file, not a directory; choose "
+                        f"another output directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".export-probe-", dir=existing))
+    except OSError as error:
+        raise UserError(f"--output={output}: cannot create it in {existing} "
+                        f"({error.strerror}); choose a writable directory") from None
 
 
 def _write_tokenizer(tokenizer, out: Path, max_seq_len: int) -> list[str]:

@@ -23,6 +23,11 @@ reads is recorded in its graph (fiddle_graph.json) and can be overridden with
 - `tokenizer(settings)`: an `fdl.Config` building the `Tokenizer` the text is encoded with
   (evaluations on text, --mode=decode and Hugging Face export use this same node), or None
   when the data are token ids.
+
+An input factory (train or evaluation) may carry a `check(**arguments)` attribute: called
+with the node's own arguments (all but global_batch_size and process_rows) before the
+first step, it raises UserError, in one line naming the missing file and the flag that
+turns that input off, instead of the run failing at its first evaluation (`check_input`).
 """
 
 import dataclasses
@@ -99,3 +104,11 @@ class Dataset(Protocol):
     def evaluations(self, settings: DataSettings) -> list[Any]: ...
 
     def tokenizer(self, settings: DataSettings) -> Any: ...
+
+
+def check_input(make_input) -> None:
+    """Call the input factory's `check` (see the module docstring), if it has one, with the
+    arguments of the built node `make_input` (a functools.partial)."""
+    check = getattr(getattr(make_input, "func", make_input), "check", None)
+    if check is not None:
+        check(**getattr(make_input, "keywords", {}))

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runner.core import data
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
@@ -90,6 +92,11 @@ class Evaluation:
             "num_targets": jnp.sum(weights, axis=1),
             "num_correct": jnp.sum(correct * weights, axis=1),
         }
+
+    def check(self) -> None:
+        """Raise UserError now, before the run's first step, if this evaluation's data
+        cannot be read (default: its input factory's `check`, runner/core/data.py)."""
+        data.check_input(self.make_input)
 
     def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
         raise NotImplementedError

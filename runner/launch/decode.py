@@ -5,6 +5,7 @@ The experiment stops here: decoding needs nothing of it that the graph does not 
 model, the mesh, the sizes in `model_shape`, the run's `name` and its `tokenizer`)."""
 
 import fiddle as fdl
+from praxis import pax_fiddle
 
 from runner.inference import decode
 from runner.inference.decode import DecodeOptions
@@ -15,4 +16,10 @@ def run(exp, config: fdl.Config | None, options: DecodeOptions) -> list[dict]:
     exp.run_config(), with options.vocab_path); return decode_outputs.jsonl's records."""
     if config is None:
         config = exp.run_config(vocab_path=options.vocab_path)
+    if config.tokenizer is not None:  # the vocabulary the checkpoints were trained with
+        from runner.launch import job
+
+        job.check_vocabulary(pax_fiddle.build(config.tokenizer),
+                             options.restore_checkpoint_dir or options.job_log_dir,
+                             options.vocab_path)
     return decode.run(config, options)

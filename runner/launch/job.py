@@ -2,9 +2,11 @@
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import time
 
 import fiddle as fdl
 from fiddle import printing
@@ -12,7 +14,7 @@ from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
 from runner.cluster import mesh as mesh_lib
-from runner.core import spec
+from runner.core import data, spec
 from runner.core.errors import UserError
 from runner.core.log import log
 from runner.state import checkpoints, initial_weights
@@ -72,9 +74,25 @@ def recorded_experiment(graph_path: str) -> tuple[str | None, dict]:
     path = os.path.join(os.path.dirname(os.path.abspath(graph_path)), "hyperparameters.json")
     if not os.path.isfile(path):
         return None, {}
-    with open(path) as f:
-        record = json.load(f)
+    record = read_record(path)
+    if record is None:
+        raise UserError(f"{path} is damaged (not a run's record of its experiment and "
+                        f"hyperparameters); pass --fdl_config=experiments.NAME with the "
+                        f"run's --fdl.NAME=VALUE overrides, or move the file away")
     return record["experiment"], record["hyperparameters"]
+
+
+def read_record(path: str) -> dict | None:
+    """hyperparameters.json as write_config wrote it, or None when it is damaged."""
+    try:
+        with open(path, errors="replace") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or not isinstance(record.get("experiment"), str)
+            or not isinstance(record.get("hyperparameters"), dict)):
+        return None
+    return record
 
 
 def set_eval_during_training(config: fdl.Config, enabled: bool) -> None:
@@ -87,13 +105,14 @@ def set_eval_during_training(config: fdl.Config, enabled: bool) -> None:
                         "--fdl.LAMBADA_EVAL=True")
 
 
-def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:
+def write_config(job_log_dir: str, exp, config: fdl.Config, extra: dict | None = None) -> None:
     """hyperparameters.json (reload: Cls(**json)), fiddle_graph.json (serialization.load_json)
-    and fiddle_graph.txt (for people)."""
+    and fiddle_graph.txt (for people). `extra`: more keys of hyperparameters.json (run_record)."""
     os.makedirs(job_log_dir, exist_ok=True)
     record = {
         "experiment": f"{type(exp).__module__}.{type(exp).__name__}",
         "hyperparameters": exp.hyperparameters(),
+        **(extra or {}),
     }
     with open(os.path.join(job_log_dir, "hyperparameters.json"), "w") as f:
         json.dump(record, f, indent=2)
@@ -103,16 +122,24 @@ def write_config(job_log_dir: str, exp, config: fdl.Config) -> None:
         f.write(serialization.dump_json(config, indent=2))
 
 
-def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int | None) -> None:
+def record_config(job_log_dir: str, exp, config: fdl.Config, resumed_step: int | None,
+                  extra: dict | None = None) -> None:
     """Write the run's config (write_config); a resume keeps the run's first record, so it
     still describes the checkpoints, and appends any changed hyperparameters, with the step
     they start at, to hyperparameters_history.jsonl."""
     path = os.path.join(job_log_dir, "hyperparameters.json")
     if resumed_step is None or not os.path.exists(path):
-        write_config(job_log_dir, exp, config)
+        write_config(job_log_dir, exp, config, extra)
         return
-    with open(path) as f:
-        recorded = json.load(f)["hyperparameters"]
+    record = read_record(path)
+    if record is None:
+        aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(path, aside)
+        log(f"warning: {path} is damaged; set aside as {os.path.basename(aside)} and "
+            f"written again from this run's hyperparameters")
+        write_config(job_log_dir, exp, config, extra)
+        return
+    recorded = record["hyperparameters"]
     current = json.loads(json.dumps(exp.hyperparameters()))  # as the record holds them
     changed = {name: [recorded.get(name), value] for name, value in current.items()
                if recorded.get(name) != value}
@@ -140,6 +167,9 @@ class RunOptions:
     profiler_port: int | None = None
     wandb_project: str | None = None
     profile_steps: tuple[int, int] | None = None  # (start step, number of steps)
+    # Where the command line said the data live (data_dir, vocab_path, cache_dir): recorded
+    # in hyperparameters.json, so that --mode=decode and --mode=eval can reuse them.
+    data_locations: dict | None = None
 
 
 def run(exp, options: RunOptions, config: fdl.Config | None = None):
@@ -164,7 +194,10 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
                                         options.restore_checkpoint_step, mode)
     if source is None and run_spec.initial_weights is not None:
         initial_weights.check_source(run_spec.initial_weights)
+    check_inputs(run_spec, mode)
     if mode == "eval":
+        check_vocabulary(run_spec.tokenizer, options.restore_checkpoint_dir or job_log_dir,
+                         (options.data_locations or {}).get("vocab_path"))
         return _evaluate(exp, config, run_spec, mesh, source, options)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
@@ -190,7 +223,8 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
                 run_spec.initial_weights, state["params"], trainer.abstract_state["params"],
                 config.model)
         if _is_primary():  # only once training is sure to start: a refused run records nothing
-            record_config(job_log_dir, exp, config, resumed_step)
+            record_config(job_log_dir, exp, config, resumed_step,
+                          run_record(options.data_locations, run_spec.tokenizer))
         if options.wandb_project and _is_primary():
             callbacks.append(summaries.WandbRun(options.wandb_project, job_log_dir,
                                                 exp.hyperparameters()))
@@ -270,6 +304,76 @@ def _restore(source, abstract_state, skip_broken: bool, own_dir: str, **kwargs):
             log(f"warning: checkpoint step {error.step} is damaged ({where}); restoring "
                 f"step {error.earlier[-1]} instead")
             source = (error.directory, error.earlier[-1])
+
+
+# Encoded to fingerprint a vocabulary: two that encode it alike read a checkpoint alike.
+_PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. 0123456789 (x, y) = {'a': [1]}\n"
+               "Ünïcödé façade — naïve café; def f(self): return None  # tokens")
+
+
+def tokenizer_fingerprint(tokenizer) -> dict | None:
+    """What identifies a text tokenizer (runner.core.data.Tokenizer) for a checkpoint: its
+    size, EOS id and a hash of its encoding of a fixed text; None without one."""
+    if tokenizer is None:
+        return None
+    ids = json.dumps([int(i) for i in tokenizer.encode(_PROBE_TEXT)])
+    return {"vocab_size": int(tokenizer.vocab_size), "eos_id": int(tokenizer.eos_id),
+            "encoding_sha256": hashlib.sha256(ids.encode()).hexdigest()[:16]}
+
+
+def run_record(data_locations: dict | None, tokenizer) -> dict:
+    """What hyperparameters.json records beside the hyperparameters: where the data and
+    vocabulary were (the flags) and the vocabulary's fingerprint."""
+    record = {"data_locations": {k: (os.path.abspath(v) if v else v)
+                                 for k, v in (data_locations or {}).items()}}
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    if fingerprint is not None:
+        record["tokenizer"] = fingerprint
+    return record
+
+
+def recorded_run(directory: str | None) -> dict | None:
+    """The hyperparameters.json record of the run in `directory` (a job_log_dir, or its
+    checkpoints/), or None when it has none."""
+    if not directory:
+        return None
+    directory = os.path.abspath(directory)
+    for where in (directory, os.path.dirname(directory)):
+        path = os.path.join(where, "hyperparameters.json")
+        if os.path.isfile(path):
+            record = read_record(path)
+            return None if record is None else {**record, "path": path}
+    return None
+
+
+def check_vocabulary(tokenizer, run_dir: str | None, vocab_path: str | None) -> None:
+    """Refuse, in one line, a tokenizer that is not the one the run in `run_dir` trained
+    with (its recorded fingerprint): its checkpoint would read the prompts as other words."""
+    record = recorded_run(run_dir)
+    recorded = (record or {}).get("tokenizer")
+    current = tokenizer_fingerprint(tokenizer)
+    if not recorded or current is None or current == recorded:
+        return
+    trained_with = (record.get("data_locations") or {}).get("vocab_path")
+    given = f"--vocab_path={vocab_path}" if vocab_path else "this run's vocabulary"
+    raise UserError(
+        f"{given} ({current['vocab_size']} ids, encoding {current['encoding_sha256']}) is not "
+        f"the vocabulary this run trained with ({recorded['vocab_size']} ids, encoding "
+        f"{recorded['encoding_sha256']}, recorded in {record['path']}"
+        + (f": {trained_with}" if trained_with else "")
+        + "); drop --vocab_path to use the recorded one, or pass that one")
+
+
+def check_inputs(run_spec, mode: str) -> None:
+    """Every data file the run will read, before its first step: the training input, and
+    each evaluation the run will run (all of them for --mode=eval; during training, those of
+    an EVAL_INTERVAL_STEPS above 0). A missing one stops the run in one line naming it and
+    the flag that runs without it, not after EVAL_INTERVAL_STEPS steps of training."""
+    if mode == "train" and run_spec.make_train_input is not None:
+        data.check_input(run_spec.make_train_input)
+    if mode == "eval" or run_spec.loop.eval_interval_steps:
+        for evaluation in run_spec.evals:
+            evaluation.check()
 
 
 def check_writable(job_log_dir: str) -> None:

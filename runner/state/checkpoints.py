@@ -168,10 +168,17 @@ def read_metadata(directory: str, step: int) -> dict:
 
 def check_experiment(directory: str, experiment: str) -> None:
     """Refuse to train `experiment` into a checkpoint directory that belongs to another one."""
-    step = latest_step(directory)
-    if step is None:
+    # The newest step whose metadata reads: a damaged one is named (and, with
+    # --skip_broken_checkpoints, set aside) by the restore that follows.
+    for step in reversed(all_steps(directory)):
+        try:
+            with _orbax_warnings_off():
+                saved = read_metadata(directory, step).get("experiment")
+            break
+        except Exception:
+            continue
+    else:
         return
-    saved = read_metadata(directory, step).get("experiment")
     if saved is not None and saved != experiment:
         job_log_dir = os.path.dirname(directory)
         raise UserError(

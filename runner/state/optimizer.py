@@ -1,7 +1,8 @@
 """Adam as praxis's optimizers.Adam in the Pax GPU configs, and Pax's learning-rate schedule.
 
 Same update as praxis's sharded_adam (bias-corrected moments, epsilon outside the
-square root, epsilon_root 0, no update clipping) plus global-norm gradient
+square root, epsilon_root and update clipping as ADAM_EPSILON_ROOT and
+ADAM_CLIP_THRESHOLD say: 0 and off in the Pax GPU configs) plus global-norm gradient
 clipping, on optax; tests/test_optimizer.py checks both against praxis. `train_only`
 restricts an optimizer to some parameters (USE_LORA: the adapters), the rest frozen;
 `overwrite_with_gradient` leaves some to the backward pass (USE_FP8's scaling state).
@@ -18,9 +19,13 @@ from runner.state.checkpoints import param_path
 
 
 def linear_rampup_cosine_decay(
-    *, learning_rate: float, warmup_steps: int, decay_start: int, decay_end: int, min_ratio: float
+    *, learning_rate: float, warmup_steps: int, decay_start: int, decay_end: int, min_ratio: float,
+    peak: float = 1.0,
 ) -> optax.Schedule:
-    """0 -> lr linearly over warmup_steps, flat until decay_start, cosine to lr*min_ratio at decay_end."""
+    """0 -> lr linearly over warmup_steps, flat until decay_start, cosine to lr*min_ratio at decay_end.
+
+    `peak` is praxis LinearRampupCosineDecay's `max` (Pax's LR_COS_MAX): the whole schedule
+    times it (praxis ramps to max and decays to max * min_ratio)."""
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
@@ -29,7 +34,7 @@ def linear_rampup_cosine_decay(
         span = max(decay_end - decay_start, 1)
         progress = jnp.clip((step - decay_start) / span, 0.0, 1.0)
         cosine = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-        return learning_rate * warmup * cosine
+        return learning_rate * peak * warmup * cosine
 
     return schedule
 
@@ -42,16 +47,29 @@ def adamw(
     epsilon: float,
     weight_decay: float,
     clip_gradient_norm_to_value: float,
+    epsilon_root: float = 0.0,
+    clip_threshold: float = -1.0,
 ) -> optax.GradientTransformation:
+    """`epsilon_root` and `clip_threshold` are praxis Adam's (Pax's ADAM_EPSILON_ROOT and
+    ADAM_CLIP_THRESHOLD): m / (sqrt(v + epsilon_root) + epsilon), and, if clip_threshold > 0,
+    each tensor's update divided by max(1, rms(update) / clip_threshold) before weight decay,
+    as sharded_adam's update capping."""
     parts = []
     if clip_gradient_norm_to_value > 0:
         parts.append(optax.clip_by_global_norm(clip_gradient_norm_to_value))
+    if clip_threshold > 0:  # praxis's order: Adam step, capping, decay, learning rate
+        parts += [optax.scale_by_adam(b1=beta1, b2=beta2, eps=epsilon, eps_root=epsilon_root),
+                  _cap_update_rms(clip_threshold),
+                  optax.add_decayed_weights(weight_decay),
+                  optax.scale_by_learning_rate(schedule)]
+        return optax.chain(*parts)
     parts.append(
         optax.adamw(
             learning_rate=schedule,
             b1=beta1,
             b2=beta2,
             eps=epsilon,
+            eps_root=epsilon_root,
             # Decoupled and scaled by the learning rate, on every parameter, as praxis's
             # Adam(weight_decay=) in the Pax configs (its LayerNorm scales are stored as
             # offsets from 1, so decay pulls them towards 1).
@@ -59,6 +77,18 @@ def adamw(
         )
     )
     return optax.chain(*parts)
+
+
+def _cap_update_rms(threshold: float) -> optax.GradientTransformation:
+    """praxis's `clip_update`: each tensor / max(1, rms / threshold), an infinite rms NaN."""
+    def update(updates, state, params=None):
+        def cap(u):
+            rms = jnp.sqrt(jnp.mean(jnp.square(u)))
+            rms = jnp.where(jnp.isinf(rms), jnp.nan, rms)
+            return u / jnp.maximum(1.0, rms / jnp.asarray(threshold, u.dtype))
+        return jax.tree_util.tree_map(cap, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 class TrainOnly(NamedTuple):

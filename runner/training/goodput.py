@@ -25,6 +25,7 @@ import sys
 import time
 
 from runner.core.callbacks import Callback, RunInfo, StepInfo
+from runner.core.errors import UserError
 from runner.core.log import format_duration, log
 from runner.training import compile_log
 
@@ -68,13 +69,16 @@ class Ledger(Callback):
     def _account_for_a_dead_run(self) -> None:
         """The previous run left its last record behind: it died. Close its account and
         count the steps it trained beyond the step this run restores as lost."""
+        check_ledger(self.ledger_path)
         if not os.path.exists(self.current_path):
             return
-        with open(self.current_path) as f:
-            text = f.read().strip()
-        try:
-            dead = json.loads(text)
-        except ValueError:  # killed mid-write of its very first record
+        with open(self.current_path, errors="replace") as f:
+            text = f.read().strip("\0 \t\r\n")
+        if not text:  # killed before its very first record
+            return
+        dead = _parse(text)
+        if dead is None:
+            set_aside(self.current_path, "not a goodput record")
             return
         dead["ended"] = "died"
         _append(self.ledger_path, dead)
@@ -150,6 +154,50 @@ class Ledger(Callback):
         log(summary_line(job_totals(read(os.path.dirname(self.ledger_path)))))
 
 
+def _parse(text: str) -> dict | None:
+    """A run's record from one line of JSON, or None when it is damaged (garbled, cut
+    short, or without the keys and numbers a record has)."""
+    try:
+        record = json.loads(text)
+        if not isinstance(record, dict) or not isinstance(record.get("run"), str):
+            return None
+        numbers = [record[k] for k in ("start_step", "step", "wall", "lost_steps",
+                                       "lost_seconds")]
+        numbers += [record["seconds"][name] for name in PHASES]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+        return None
+    return record
+
+
+def set_aside(path: str, why: str) -> str:
+    """Rename a damaged ledger file beside itself (never delete it), with a one-line
+    warning: the account restarts, the run goes on."""
+    target = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    os.replace(path, target)
+    log(f"warning: {path} is damaged ({why}); set aside as {os.path.basename(target)}, "
+        f"and the goodput account starts again")
+    return target
+
+
+def _damaged_line(path: str) -> int | None:
+    """The number of the first damaged line of a goodput.jsonl, or None if all are sound."""
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip() and _parse(line) is None:
+                return number
+    return None
+
+
+def check_ledger(path: str) -> None:
+    """Set a damaged goodput.jsonl aside before this run appends to it."""
+    if os.path.exists(path):
+        number = _damaged_line(path)
+        if number is not None:
+            set_aside(path, f"line {number} is not a goodput record")
+
+
 def _append(path: str, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -160,14 +208,18 @@ def read(job_log_dir: str) -> list[dict]:
     records = []
     path = os.path.join(job_log_dir, "goodput.jsonl")
     if os.path.exists(path):
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        with open(path, errors="replace") as f:
+            records = [_parse(line) for line in f if line.strip()]
+        if None in records:
+            raise UserError(f"{path}: line {records.index(None) + 1} is not a goodput "
+                            f"record; the next training run sets the file aside")
     current = os.path.join(job_log_dir, "goodput_current.json")
     if os.path.exists(current):
-        with open(current) as f:
-            text = f.read().strip()
-        if text:
-            records.append({**json.loads(text), "ended": "running or died"})
+        with open(current, errors="replace") as f:
+            text = f.read().strip("\0 \t\r\n")
+        record = _parse(text) if text else None
+        if record is not None:  # a damaged one is set aside by the next run
+            records.append({**record, "ended": "running or died"})
     return records
 
 
@@ -205,7 +257,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m runner.training.goodput JOB_LOG_DIR", file=sys.stderr)
         return 2
-    records = read(argv[1])
+    try:
+        records = read(argv[1])
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if not records:
         print(f"error: {argv[1]} has no goodput records (goodput.jsonl); train there first",
               file=sys.stderr)

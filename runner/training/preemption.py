@@ -1,4 +1,5 @@
-"""Preemption: on SIGTERM or --preemption_signal, finish the step, save, and exit with status 0.
+"""Preemption: on SIGTERM, Ctrl-C (SIGINT) or --preemption_signal, finish the step, save, and
+exit with status 0.
 
 SLURM sends SIGTERM when it preempts or cancels a job (and SIGKILL after
 KillWait, 30 s by default); `#SBATCH --signal=USR1@120` asks for SIGUSR1 two
@@ -60,11 +61,12 @@ class PreemptionWatcher(Callback):
             log("preemption: jax's preemption service is off, so a signal cannot stop all "
                 "processes at one step; SIGTERM will end this job without a checkpoint")
             return
+        # Ctrl-C (SIGINT) saves and stops too; a second one ends the process at once.
         if self.synchronized:
-            if extra is not None and extra != signal.SIGTERM:
-                self._install(extra, self._forward_as_sigterm)
+            for sig in {extra, signal.SIGINT} - {None, signal.SIGTERM}:
+                self._install(sig, self._forward_as_sigterm)
         else:
-            for sig in {signal.SIGTERM, extra} - {None}:
+            for sig in {signal.SIGTERM, signal.SIGINT, extra} - {None}:
                 self._install(sig, self._note)
 
     def _install(self, sig: signal.Signals, handler) -> None:

@@ -1,0 +1,155 @@
+"""Pax's hyperparameter vocabulary: the names paxml's GPU configs (and the LM base classes
+they inherit, c4.TransformerLmSpmdAdam over model_params.TransformerLmSpmdAdafactor) set are
+declared, honoured as Pax does, or refused in one line."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from praxis import layers as praxis_layers
+from praxis import optimizers
+from praxis.layers import activations, attentions, embedding_softmax
+
+import experiments
+from experiments.base import BaseExperiment
+from layers.stack import transformer_layer_template
+from runner.core.errors import UserError
+from runner.state import checkpoints, optimizer
+from tests.helpers import TINY, make_trainer, run_steps
+
+# The values of paxml/contrib/gpu/scripts_gpu/configs.py (GPT126M, GPT175B).
+PAX_GPU_VALUES = dict(
+    ACTIVATION_CLS=praxis_layers.GELU, USE_GATED_ACTIVATION=False, USE_BIAS=True,
+    ATTEN_LOGIT_CAP=-1.0, SEPARATE_EMBEDDING=False, TRAINABLE_POSITION_EMB=True,
+    TRAINABLE_PE_MAX_SEQ_LEN=TINY["MAX_SEQ_LEN"],  # GPT126M: = MAX_SEQ_LEN
+    ADAM_EPSILON_ROOT=0.0, ADAM_CLIP_THRESHOLD=-1.0, LR_SCHEDULE="linear_rampup_cosine_decay",
+    LR_COS_MAX=1.0)
+
+
+class PaxPorted(BaseExperiment):
+    """A class as a user ports it from the Pax GPU configs (tiny sizes)."""
+
+    ACTIVATION_CLS = praxis_layers.GELU
+    USE_GATED_ACTIVATION = False
+    USE_BIAS = True
+    ATTEN_LOGIT_CAP = -1.0
+    SEPARATE_EMBEDDING = False
+    TRAINABLE_POSITION_EMB = True
+    TRAINABLE_PE_MAX_SEQ_LEN = 64
+    ADAM_EPSILON_ROOT = 0.0
+    ADAM_CLIP_THRESHOLD = -1.0
+    LR_SCHEDULE = "linear_rampup_cosine_decay"
+    LR_COS_MAX = 1.0
+
+
+def _params(state) -> set[str]:
+    return {checkpoints.param_path(p)
+            for p, _ in jax.tree_util.tree_flatten_with_path(state["params"])[0]}
+
+
+def test_a_class_ported_from_the_pax_gpu_configs_declares_and_trains(tmp_path):
+    assert set(PAX_GPU_VALUES) <= set(BaseExperiment.hyperparameter_types())
+    exp = PaxPorted(**TINY)
+    assert exp.hyperparameters()["ACTIVATION_CLS"] == "GELU"  # as --fdl.ACTIVATION_CLS takes it
+    # The GPU values are the defaults: the same model and optimizer as before these names.
+    plain = BaseExperiment(**TINY).run_config()
+    assert exp.run_config().model == plain.model
+    assert exp.run_config().optimizer == plain.optimizer
+    losses, _ = run_steps(make_trainer(tmp_path, experiment=PaxPorted), 2)
+    assert all(math.isfinite(x) for x in losses)
+
+
+def test_honoured_names_change_the_model_and_optimizer_as_pax_would(tmp_path):
+    changed = dict(ATTEN_LOGIT_CAP=50.0, USE_GATED_ACTIVATION=True, ACTIVATION_CLS="silu",
+                   USE_BIAS=False, SEPARATE_EMBEDDING=True, TRAINABLE_POSITION_EMB=False,
+                   ADAM_CLIP_THRESHOLD=1.0, ADAM_EPSILON_ROOT=1e-12, LR_COS_MAX=0.5)
+    config = BaseExperiment(**TINY, **changed).run_config()
+    lm = config.model.lm_tpl
+    layer = transformer_layer_template(lm.stacked_transformer_tpl)
+    assert layer.tr_atten_tpl.atten_logit_cap == 50.0
+    assert layer.tr_atten_tpl.cls is attentions.DotProductAttention  # no fused kernel caps
+    assert layer.tr_atten_tpl.use_bias is False
+    assert layer.tr_fflayer_tpl.use_gated_activation is True
+    assert layer.tr_fflayer_tpl.activation_tpl.cls is activations.SiLU
+    assert lm.separate_embedding_tpl.cls is embedding_softmax.Embedding
+    assert issubclass(lm.softmax_tpl.cls, embedding_softmax.FullSoftmax)
+    assert lm.position_emb_tpl.cls is embedding_softmax.PositionalEmbedding
+    assert config.learning_rate.peak == 0.5
+    assert config.optimizer.clip_threshold == 1.0 and config.optimizer.epsilon_root == 1e-12
+
+    trainer = make_trainer(tmp_path, **changed)
+    losses, state = run_steps(trainer, 2)
+    assert all(math.isfinite(x) for x in losses)
+    names = _params(state)
+    assert any(n.endswith("ff_layer/ffn_layer1_gate/linear/w") for n in names), names
+    assert not any("self_attention" in n and n.endswith("/b") for n in names)
+    assert any("embedding_lookup" in n for n in names) and not any("position_emb" in n
+                                                                  for n in names)
+
+
+def test_pile5b_and_pile175b_resolve_as_paxml_registers_them():
+    for name, legacy in (("Pile5B", "GPT5B"), ("Pile175B", "GPT175B")):
+        cls = experiments.resolve(f"experiments.{name}")
+        assert experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}") is cls
+        assert issubclass(cls, experiments.resolve(f"experiments.{legacy}"))
+        assert cls().hyperparameters() == experiments.resolve(f"experiments.{legacy}")()\
+            .hyperparameters()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(LR_SCHEDULE="linear_rampup_exponential_decay"),
+     "LR_SCHEDULE='linear_rampup_exponential_decay': Paxloom has only"),
+    (dict(ADAM_CLIP_THRESHOLD=0.0), "ADAM_CLIP_THRESHOLD=0: paxml reads 0 as its default 1.0"),
+    (dict(ATTEN_LOGIT_CAP=50.0, ATTENTION_IMPL="xla"),
+     "ATTEN_LOGIT_CAP=50.0: ATTENTION_IMPL='xla' has no attention logit cap"),
+    (dict(TRAINABLE_PE_MAX_SEQ_LEN=32), "TRAINABLE_PE_MAX_SEQ_LEN=32 is shorter than MAX_SEQ"),
+    (dict(ACTIVATION_CLS="gelo"), "ACTIVATION_CLS='gelo' is not a praxis activation (did you"),
+    (dict(ACTIVATION_CLS=int), "ACTIVATION_CLS=<class 'int'> is not a subclass of praxis"),
+    (dict(LR_COS_MAX=0.0), "LR_COS_MAX=0.0 must be a positive multiplier"),
+])
+def test_each_refused_value_is_one_line(overrides, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(
+            "[", r"\[")) as info:
+        BaseExperiment(**TINY, **overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_a_llama_refuses_the_gpt_architecture_names():
+    llama = experiments.resolve("experiments.LlamaTiny")
+    with pytest.raises(UserError, match="^USE_BIAS=False: LlamaTiny's model_template builds "
+                                        "its own layers") as info:
+        llama(USE_BIAS=False)
+    assert "\n" not in str(info.value)
+    llama()  # its defaults are fine
+
+
+def test_paxs_typo_r_cos_min_ratio_is_refused_with_a_note():
+    with pytest.raises(UserError, match="sets R_COS_MIN_RATIO: a typo in paxml's GPU configs.*"
+                                        "set LR_COS_MIN_RATIO") as info:
+        type("Ported", (BaseExperiment,), {"R_COS_MIN_RATIO": 0.1})
+    assert "\n" not in str(info.value)
+
+
+def test_adam_clip_threshold_and_epsilon_root_equal_praxis_sharded_adam():
+    schedule = optimizer.linear_rampup_cosine_decay(learning_rate=1e-2, warmup_steps=2,
+                                                    decay_start=2, decay_end=10, min_ratio=0.1,
+                                                    peak=0.5)
+    ours = optimizer.adamw(schedule=schedule, beta1=0.9, beta2=0.95, epsilon=1e-8,
+                           weight_decay=0.1, clip_gradient_norm_to_value=0.0,
+                           epsilon_root=1e-6, clip_threshold=0.5)
+    theirs = optimizers.sharded_adam(schedule, beta1=0.9, beta2=0.95, epsilon=1e-8,
+                                     epsilon_root=1e-6, update_capping=0.5, weight_decay=0.1)
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = {"w": jax.random.normal(keys[0], (4, 3)), "b": jax.random.normal(keys[1], (3,))}
+    ours_state, theirs_state = ours.init(params), theirs.init(params)
+    for i in range(4):
+        grads = jax.tree_util.tree_map(lambda p, k=keys[2 + i]: jax.random.normal(k, p.shape),
+                                       params)
+        ours_update, ours_state = ours.update(grads, ours_state, params)
+        theirs_update, theirs_state = theirs.update(grads, theirs_state, params)
+        for name in params:
+            np.testing.assert_allclose(ours_update[name], theirs_update[name], rtol=1e-5,
+                                       atol=1e-9, err_msg=f"step {i} {name}")
+        params = jax.tree_util.tree_map(jnp.add, params, ours_update)
