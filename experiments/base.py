@@ -97,11 +97,20 @@ class BaseExperiment:
     SEPARATE_EMBEDDING: bool = False  # untied input embedding and output softmax
     TRAINABLE_POSITION_EMB: bool = True  # learned positions; False: praxis's sinusoidal ones
     TRAINABLE_PE_MAX_SEQ_LEN: int | None = None  # learned position table size; None: MAX_SEQ_LEN
+    COMBINE_QKV: bool = True  # one fused q/k/v projection; False: three separate ones
+    SOFTMAX_CAP_LOGITS: float | None = None  # cap * tanh(logits / cap) on the output; None/0: off
+    # Pax names Paxloom accepts only at the value that is its model (validate() refuses others).
+    RELATIVE_BIAS: bool = False  # praxis RelativeBias in attention: not in Paxloom
+    USE_ROTARY_POSITION_EMB: bool = False  # rotary positions: the Llama family's, not the GPT's
+    NORM_POLICY: str = "pre"  # layer norm before each sub-layer: the only policy Paxloom has
+    ENABLE_DCONV: bool = False  # Primer's depthwise convolutions on q/k/v: not in Paxloom
 
     # --- Parallelism (axes replica, data, mdl = DP, FSDP, TP; stage = PP) ---
     # [replica, data, mdl], or [stage, replica, data, mdl] with pipeline stages (as Pax's
     # pipelined configs); a three-entry shape has one stage.
     ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
+    # Pax's set_sharding_params_v1(training_optimized=...): Paxloom always shards for training.
+    TRAINING_OPTIMIZED_SHARDING: bool = True
     DCN_MESH_SHAPE: list[int] = [1, 1, 1]  # across nodes / processes
     # GLOBAL_BATCH_SIZE = this x number of devices: the sequences of one optimizer update.
     PERCORE_BATCH_SIZE: float = 1
@@ -125,6 +134,14 @@ class BaseExperiment:
     LR_COS_MIN_RATIO: float = 0.1  # minimum rate as a fraction of LEARNING_RATE
     LR_COS_MAX: float = 1.0  # peak multiplier of LEARNING_RATE (praxis schedule's `max`)
     LR_SCHEDULE: str = "linear_rampup_cosine_decay"  # the only schedule Paxloom has
+    # Pax's exponential-decay schedule (LinearRampupExponentialDecay): unread, accepted only at
+    # the values paxml's TransformerLmSpmdAdam (LR_LRED_*) / Adafactor (DECAY_END) give them.
+    LR_LRED_WARMUP: int = 4000
+    LR_LRED_DECAY_START: int = 4001
+    LR_LRED_DECAY_END: int = 300000
+    LR_LRED_MIN_RATIO: float = 0.1
+    LR_LRED_MAX: float = 1.0
+    DECAY_END: int = 100000  # paxml set_default_adafactor's decay_end
     ADAM_BETA1: float = 0.9
     ADAM_BETA2: float = 0.95
     ADAM_EPSILON: float = 1e-8
@@ -295,6 +312,37 @@ class BaseExperiment:
             raise UserError(f"ATTEN_LOGIT_CAP={self.ATTEN_LOGIT_CAP}: ATTENTION_IMPL="
                             f"{self.ATTENTION_IMPL!r} has no attention logit cap; use "
                             f"'praxis' (or 'auto', which picks it)")
+        lred = {name: getattr(self, name) for name in PAX_EXPONENTIAL_DECAY}
+        for name, value in lred.items():
+            if value != getattr(BaseExperiment, name):
+                what = "DECAY_END ends" if name == "DECAY_END" else "LR_LRED_* configure"
+                raise UserError(f"{name}={value}: {what} Pax's exponential-decay schedule "
+                                f"(LinearRampupExponentialDecay), which Paxloom does not have; "
+                                f"set LR_COS_*")
+        if self.RELATIVE_BIAS:
+            raise UserError(f"RELATIVE_BIAS={self.RELATIVE_BIAS}: praxis's RelativeBias "
+                            f"(bucketed relative position bias) is not in Paxloom's models")
+        if self.USE_ROTARY_POSITION_EMB != (not self.reads_gpt_architecture):
+            raise UserError(
+                f"USE_ROTARY_POSITION_EMB={self.USE_ROTARY_POSITION_EMB}: "
+                + ("the GPT's positions are TRAINABLE_POSITION_EMB's (learned or sinusoidal); "
+                   "rotary positions are the Llama family's (experiments/llama.py)"
+                   if self.reads_gpt_architecture else
+                   f"{type(self).__name__}'s layers (layers/llama.py) always use rotary "
+                   f"positions"))
+        if self.NORM_POLICY != "pre":
+            raise UserError(f"NORM_POLICY={self.NORM_POLICY!r}: Paxloom's models are pre-norm "
+                            f"only ('pre'; the Hugging Face export reads no other)")
+        if self.ENABLE_DCONV:
+            raise UserError(f"ENABLE_DCONV={self.ENABLE_DCONV}: Primer's depthwise convolutions "
+                            f"on q/k/v (praxis dconv_qkv) are not in Paxloom's attention")
+        if not self.TRAINING_OPTIMIZED_SHARDING:
+            raise UserError("TRAINING_OPTIMIZED_SHARDING=False: Paxloom always shards for "
+                            "training (set_sharding_params_v1(training_optimized=True) in "
+                            "runner/state/partitioning.py)")
+        if self.SOFTMAX_CAP_LOGITS is not None and not self.SOFTMAX_CAP_LOGITS >= 0:
+            raise UserError(f"SOFTMAX_CAP_LOGITS={self.SOFTMAX_CAP_LOGITS} must be > 0 "
+                            f"(None or 0: no cap)")
         if (self.TRAINABLE_PE_MAX_SEQ_LEN is not None
                 and self.TRAINABLE_PE_MAX_SEQ_LEN < self.MAX_SEQ_LEN):
             raise UserError(f"TRAINABLE_PE_MAX_SEQ_LEN={self.TRAINABLE_PE_MAX_SEQ_LEN} is "
@@ -399,6 +447,8 @@ class BaseExperiment:
             separate_embedding=self.SEPARATE_EMBEDDING,
             trainable_position_emb=self.TRAINABLE_POSITION_EMB,
             trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
+            combine_qkv=self.COMBINE_QKV,
+            softmax_cap_logits=self.SOFTMAX_CAP_LOGITS,
         )
 
     def loss_chunk_len(self) -> int:
@@ -495,7 +545,12 @@ class BaseExperiment:
 
 # Read by layers/gpt.py (BaseExperiment.model_template), not by other model families.
 GPT_ARCHITECTURE = ("ACTIVATION_CLS", "USE_GATED_ACTIVATION", "USE_BIAS", "ATTEN_LOGIT_CAP",
-                    "SEPARATE_EMBEDDING", "TRAINABLE_POSITION_EMB", "TRAINABLE_PE_MAX_SEQ_LEN")
+                    "SEPARATE_EMBEDDING", "TRAINABLE_POSITION_EMB", "TRAINABLE_PE_MAX_SEQ_LEN",
+                    "COMBINE_QKV", "SOFTMAX_CAP_LOGITS")
+
+# Pax's exponential-decay schedule names, accepted at their paxml defaults only.
+PAX_EXPONENTIAL_DECAY = ("LR_LRED_WARMUP", "LR_LRED_DECAY_START", "LR_LRED_DECAY_END",
+                         "LR_LRED_MIN_RATIO", "LR_LRED_MAX", "DECAY_END")
 
 # Names a Pax config sets that Paxloom refuses at class creation, with the reason.
 PAX_REFUSED = {
@@ -519,7 +574,8 @@ def _class_name(value):
 
 def _is_hyperparameter_name(name: str) -> bool:
     return (name.isupper() and not name.startswith("_")
-            and name not in ("CHOICES", "GPT_ARCHITECTURE", "PAX_REFUSED"))
+            and name not in ("CHOICES", "GPT_ARCHITECTURE", "PAX_REFUSED",
+                             "PAX_EXPONENTIAL_DECAY"))
 
 
 def _type_name(hint) -> str:

@@ -27,6 +27,7 @@ class LlamaBase(BaseExperiment):
 
     EMBEDDING_LOOKUP_STYLE = "index"
     LAYERNORM_EPSILON = 1e-5  # RMSNorm epsilon
+    USE_ROTARY_POSITION_EMB = True  # Pax's name for what layers/llama.py always builds
     reads_gpt_architecture = False  # SiLU-gated, bias-free, untied, RoPE: layers/llama.py
 
     def validate(self) -> None:

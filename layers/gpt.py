@@ -42,14 +42,16 @@ def gpt_model(
     separate_embedding: bool = False,
     trainable_position_emb: bool = True,
     trainable_pe_max_seq_len: int | None = None,
+    combine_qkv: bool = True,
+    softmax_cap_logits: float | None = None,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a GPT around `stack` (layers.stack).
 
     The keywords after `loss_chunk_len` are Pax's architecture hyperparameters
     (ACTIVATION_CLS, USE_GATED_ACTIVATION, USE_BIAS, ATTEN_LOGIT_CAP, SEPARATE_EMBEDDING,
-    TRAINABLE_POSITION_EMB, TRAINABLE_PE_MAX_SEQ_LEN), set where paxml's
-    TransformerLmSpmdAdafactor/Adam and configure_gpt3_task set them; their defaults are
-    the Pax GPU configs' values.
+    TRAINABLE_POSITION_EMB, TRAINABLE_PE_MAX_SEQ_LEN, COMBINE_QKV, SOFTMAX_CAP_LOGITS), set
+    where paxml's TransformerLmSpmdAdafactor/Adam and configure_gpt3_task set them; their
+    defaults are the Pax GPU configs' values.
     """
     lm = pax_fiddle.Config(
         transformer_models.TransformerLm,
@@ -74,7 +76,8 @@ def gpt_model(
             scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
         lm.softmax_tpl = pax_fiddle.Config(
             ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
-            num_classes=vocab_size, input_dims=model_dims, soft_cap_logits=None,
+            num_classes=vocab_size, input_dims=model_dims,
+            soft_cap_logits=softmax_cap_logits or None,
             params_init=gaussian(softmax_init_std))
     else:
         lm.softmax_tpl = pax_fiddle.Config(
@@ -84,7 +87,7 @@ def gpt_model(
             num_classes=vocab_size,
             input_dims=model_dims,
             scale_sqrt_depth=False,
-            soft_cap_logits=None,
+            soft_cap_logits=softmax_cap_logits or None,  # Pax: None or 0 is no cap
             lookup_style=embedding_lookup_style,
             params_init=gaussian(softmax_init_std),
         )
@@ -103,7 +106,7 @@ def gpt_model(
     ffn.has_bias = True
     layer.tr_atten_tpl.set(
         use_bias=use_bias,
-        combine_qkv=True,
+        combine_qkv=combine_qkv,
         internal_enable_per_dim_scale=False,
         atten_logit_cap=atten_logit_cap,  # the reference's ATTEN_LOGIT_CAP: -1, disabled
     )

@@ -25,7 +25,11 @@ PAX_GPU_VALUES = dict(
     ATTEN_LOGIT_CAP=-1.0, SEPARATE_EMBEDDING=False, TRAINABLE_POSITION_EMB=True,
     TRAINABLE_PE_MAX_SEQ_LEN=TINY["MAX_SEQ_LEN"],  # GPT126M: = MAX_SEQ_LEN
     ADAM_EPSILON_ROOT=0.0, ADAM_CLIP_THRESHOLD=-1.0, LR_SCHEDULE="linear_rampup_cosine_decay",
-    LR_COS_MAX=1.0)
+    LR_COS_MAX=1.0,
+    # paxml's LM base classes (model_params.TransformerLmSpmdAdafactor, c4.TransformerLmSpmdAdam)
+    RELATIVE_BIAS=False, USE_ROTARY_POSITION_EMB=False, NORM_POLICY="pre", ENABLE_DCONV=False,
+    COMBINE_QKV=True, DECAY_END=100000, TRAINING_OPTIMIZED_SHARDING=True, LR_LRED_WARMUP=4000,
+    LR_LRED_DECAY_START=4001, LR_LRED_DECAY_END=300000, LR_LRED_MIN_RATIO=0.1, LR_LRED_MAX=1.0)
 
 
 class PaxPorted(BaseExperiment):
@@ -42,6 +46,18 @@ class PaxPorted(BaseExperiment):
     ADAM_CLIP_THRESHOLD = -1.0
     LR_SCHEDULE = "linear_rampup_cosine_decay"
     LR_COS_MAX = 1.0
+    RELATIVE_BIAS = False
+    USE_ROTARY_POSITION_EMB = False
+    NORM_POLICY = "pre"
+    ENABLE_DCONV = False
+    COMBINE_QKV = True
+    DECAY_END = 100000
+    TRAINING_OPTIMIZED_SHARDING = True
+    LR_LRED_WARMUP = 4000
+    LR_LRED_DECAY_START = 4001
+    LR_LRED_DECAY_END = 300000
+    LR_LRED_MIN_RATIO = 0.1
+    LR_LRED_MAX = 1.0
 
 
 def _params(state) -> set[str]:
@@ -64,13 +80,16 @@ def test_a_class_ported_from_the_pax_gpu_configs_declares_and_trains(tmp_path):
 def test_honoured_names_change_the_model_and_optimizer_as_pax_would(tmp_path):
     changed = dict(ATTEN_LOGIT_CAP=50.0, USE_GATED_ACTIVATION=True, ACTIVATION_CLS="silu",
                    USE_BIAS=False, SEPARATE_EMBEDDING=True, TRAINABLE_POSITION_EMB=False,
-                   ADAM_CLIP_THRESHOLD=1.0, ADAM_EPSILON_ROOT=1e-12, LR_COS_MAX=0.5)
+                   ADAM_CLIP_THRESHOLD=1.0, ADAM_EPSILON_ROOT=1e-12, LR_COS_MAX=0.5,
+                   COMBINE_QKV=False, SOFTMAX_CAP_LOGITS=30.0)
     config = BaseExperiment(**TINY, **changed).run_config()
     lm = config.model.lm_tpl
     layer = transformer_layer_template(lm.stacked_transformer_tpl)
     assert layer.tr_atten_tpl.atten_logit_cap == 50.0
     assert layer.tr_atten_tpl.cls is attentions.DotProductAttention  # no fused kernel caps
     assert layer.tr_atten_tpl.use_bias is False
+    assert layer.tr_atten_tpl.combine_qkv is False
+    assert lm.softmax_tpl.soft_cap_logits == 30.0
     assert layer.tr_fflayer_tpl.use_gated_activation is True
     assert layer.tr_fflayer_tpl.activation_tpl.cls is activations.SiLU
     assert lm.separate_embedding_tpl.cls is embedding_softmax.Embedding
@@ -108,6 +127,16 @@ def test_pile5b_and_pile175b_resolve_as_paxml_registers_them():
     (dict(ACTIVATION_CLS="gelo"), "ACTIVATION_CLS='gelo' is not a praxis activation (did you"),
     (dict(ACTIVATION_CLS=int), "ACTIVATION_CLS=<class 'int'> is not a subclass of praxis"),
     (dict(LR_COS_MAX=0.0), "LR_COS_MAX=0.0 must be a positive multiplier"),
+    (dict(LR_LRED_WARMUP=500), r"LR_LRED_WARMUP=500: LR_LRED_\* configure Pax's exponential-decay"),
+    (dict(LR_LRED_MIN_RATIO=0.2), r"LR_LRED_MIN_RATIO=0.2: LR_LRED_\* configure Pax's"),
+    (dict(DECAY_END=5000), "DECAY_END=5000: DECAY_END ends Pax's exponential-decay schedule"),
+    (dict(RELATIVE_BIAS=True), "RELATIVE_BIAS=True: praxis's RelativeBias"),
+    (dict(USE_ROTARY_POSITION_EMB=True), "USE_ROTARY_POSITION_EMB=True: the GPT's positions"),
+    (dict(NORM_POLICY="post"), "NORM_POLICY='post': Paxloom's models are pre-norm only"),
+    (dict(ENABLE_DCONV=True), "ENABLE_DCONV=True: Primer's depthwise convolutions"),
+    (dict(TRAINING_OPTIMIZED_SHARDING=False),
+     "TRAINING_OPTIMIZED_SHARDING=False: Paxloom always shards for training"),
+    (dict(SOFTMAX_CAP_LOGITS=-1.0), "SOFTMAX_CAP_LOGITS=-1.0 must be > 0"),
 ])
 def test_each_refused_value_is_one_line(overrides, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(
@@ -122,6 +151,12 @@ def test_a_llama_refuses_the_gpt_architecture_names():
                                         "its own layers") as info:
         llama(USE_BIAS=False)
     assert "\n" not in str(info.value)
+    for overrides, message in ((dict(COMBINE_QKV=False), "COMBINE_QKV=False: LlamaTiny's"),
+                               (dict(USE_ROTARY_POSITION_EMB=False),
+                                "USE_ROTARY_POSITION_EMB=False: LlamaTiny's layers")):
+        with pytest.raises(UserError, match="^" + message) as info:
+            llama(**overrides)
+        assert "\n" not in str(info.value)
     llama()  # its defaults are fine
 
 
