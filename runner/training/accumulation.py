@@ -14,8 +14,12 @@ data moves between devices (B must split into batch shards x K, check_split).
 Exactness. praxis's metrics.total_loss is (mean over the weighted target tokens, their
 total weight). Summing mean_k x weight_k and weight_k over the sub-batches, then dividing
 once at the end, gives the same loss and gradient as one pass over the global batch, up
-to float rounding; the sums are kept in float32. (The backward pass runs on mean_k / K,
-whose per-token gradients are a single pass's, and its gradient is scaled by K x weight_k.)
+to float rounding; the sums are kept in float32. The backward pass runs on
+mean_k x weight_k / W', where W' is the batch's total token weight (its `weights`, which
+is praxis's total weight for a language model): each token's gradient is then the one a
+single pass gives it, so values seen in the backward pass (FP8's output-gradient amaxes)
+keep their scale, and the sum over sub-batches is the gradient itself (times W' / W,
+exactly 1 when the model weighs tokens by `weights`).
 
 Randomness. Sub-batch k draws from jax.random.fold_in(step key, k), so sub-batches get
 different dropout masks. (K = 1 does not come here: the trainer keeps its single pass
@@ -91,12 +95,14 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
     sub_batches = split(batch, steps, mesh)
     row_sharding = mesh_lib.batch_sharding(mesh)
 
+    # W' (see the module's docstring); 1 for a batch without weighted tokens.
+    batch_weight = jnp.sum(batch["weights"].astype(jnp.float32))
+    batch_weight = jnp.where(batch_weight > 0, batch_weight, 1.0)
+
     def share(p, sub_batch, sub_key):
-        # Differentiate mean / K: with equal weights, each token's gradient is the one a
-        # single pass gives it, so values seen in the backward pass (the FP8 output-gradient
-        # amaxes) keep their scale; the weighting by the sub-batch's tokens comes after.
         mean, weight = weighted_loss(p, sub_batch, sub_key)
-        return mean.astype(jnp.float32) / steps, (mean, weight.astype(jnp.float32))
+        weight = jax.lax.stop_gradient(weight).astype(jnp.float32)
+        return mean.astype(jnp.float32) * (weight / batch_weight), (mean, weight)
 
     grad_fn = jax.value_and_grad(share, has_aux=True)
 
@@ -106,10 +112,8 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
         sub_batch = jax.tree_util.tree_map(
             lambda x: jax.lax.with_sharding_constraint(x, row_sharding), sub_batch)
         (_, (mean, weight)), grads = grad_fn(params, sub_batch, jax.random.fold_in(key, k))
-        # The gradient of mean_k x weight_k: (gradient of mean_k / K) x K x weight_k.
-        scale = steps * weight
         grad_sum = jax.tree_util.tree_map(
-            lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32) * scale,
+            lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32),
             grad_sum, grads, overwritten)
         return (loss_sum + mean * weight, weight_sum + weight, grad_sum), mean
 
@@ -122,8 +126,9 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
         body, init, (sub_batches, jnp.arange(steps)))
     # No weighted token at all (K = 1 gives 0 then too): 0 rather than 0 / 0.
     denominator = jnp.where(weight_sum > 0, weight_sum, 1.0)
+    correction = batch_weight / denominator  # W' / W: 1.0 for a language model
     grads = jax.tree_util.tree_map(
-        lambda g, p, o: (g if o else g / denominator).astype(p.dtype), grad_sum, params,
+        lambda g, p, o: (g if o else g * correction).astype(p.dtype), grad_sum, params,
         overwritten)
     return loss_sum / denominator, grads, sub_losses
 
