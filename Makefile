@@ -14,11 +14,15 @@ RUN_DIR ?= runs/tiny-$(shell date +%Y%m%d-%H%M%S)
 install: $(STAMP)
 install-test: $(TEST_STAMP)
 
-$(STAMP): requirements.txt requirements-nodeps.txt
+$(STAMP): requirements.txt requirements-nodeps.txt requirements-plan.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	# XLA:GPU for --mode=plan, in its own directory: on the import path of plans only
+	# (runner/planning/gpu_target.py).
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/xla-gpu-compiler \
+		-r requirements-plan.txt
 	$(PY) -c "import layers, praxis.layers; print('praxis', 'ok')"
 	touch $(STAMP)
 
@@ -31,11 +35,15 @@ $(TEST_STAMP): $(STAMP) requirements-test.txt
 run: $(STAMP)
 	$(CPU8) $(PY) main.py --fdl_config=experiments.Tiny --job_log_dir=$(RUN_DIR)
 
+# Tests run in TEST_WORKERS processes (pytest-xdist): most of their time is XLA compiling on
+# one core, so two workers on a 2-core machine take about 0.6x the time of one.
+TEST_WORKERS ?= 2
+
 test: $(TEST_STAMP)
-	$(PY) -m pytest -m "not slow" --durations=25 tests
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --durations=25 tests
 
 test-all: $(TEST_STAMP)
-	$(PY) -m pytest --durations=25 tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -37,6 +37,10 @@ flags.DEFINE_enum("mode", "train", ["train", "eval", "plan", "decode"], "train, 
                   "(runner/planning/plan.py), or continue prompts from a checkpoint (runner/inference/decode.py).")
 flags.DEFINE_string("plan_device", "h100", "--mode=plan: the GPU to suggest changes and "
                     "predict speed for: h100, h200, a100-80gb or a100-40gb.")
+flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan: compile "
+                  "the step with XLA:GPU for --plan_device without a GPU (gpu; needs the "
+                  "plugin `make install` installs), with XLA:CPU on fake devices (cpu), or "
+                  "XLA:GPU where installed (auto).")
 flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
 flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
                    "instead of the table's.")
@@ -303,8 +307,12 @@ def setup_logging() -> None:
                             f"({error.strerror})") from None
         absl_logging.get_absl_handler().start_logging_to_file(program_name="paxloom",
                                                               log_dir=FLAGS.log_dir)
-    if not (FLAGS.alsologtostderr or FLAGS.logtostderr or FLAGS["verbosity"].present):
-        absl_logging.set_verbosity(absl_logging.WARNING)
+    if FLAGS["verbosity"].present:
+        return
+    # absl's app.run raises its default verbosity (warnings) to INFO once flags are parsed;
+    # this entry point parses them itself, so it does that for the flags that ask for logs.
+    absl_logging.set_verbosity(absl_logging.INFO if FLAGS.alsologtostderr or FLAGS.logtostderr
+                               else absl_logging.WARNING)
 
 
 def main(argv: list[str]) -> int:
@@ -335,8 +343,9 @@ def main(argv: list[str]) -> int:
     if FLAGS.mode == "plan":
         from runner.planning import plan
 
-        # Before building the graph starts jax: as many CPU devices as the mesh has.
-        plan.use_host_devices(plan.device_count(exp))
+        # Before building the graph starts jax: XLA:GPU's plugin, or as many CPU devices as
+        # the mesh has.
+        plan_compiler = plan.start(exp, FLAGS.plan_compiler)
     elif not FLAGS.print_config:
         if not FLAGS.job_log_dir:
             raise UserError("--job_log_dir is required (where the config, TensorBoard events "
@@ -355,7 +364,7 @@ def main(argv: list[str]) -> int:
     elif FLAGS.mode == "plan":
         # Re-planned changes keep the command line's graph overrides.
         print(plan.report(exp, config, lambda variant: experiment_graph(variant, graph_overrides),
-                          device=FLAGS.plan_device, mfu=FLAGS.plan_mfu,
+                          compiler=plan_compiler, device=FLAGS.plan_device, mfu=FLAGS.plan_mfu,
                           device_memory_gb=FLAGS.plan_device_memory_gb))
     else:
         run_mode(exp, config)

@@ -179,6 +179,7 @@ def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
     # choose a fused kernel unless told, and need less memory.
     flags = [f"--fdl.{k}={v!r}" for k, v in {**TINY, **MEASURED, "ATTENTION_IMPL": "praxis"}.items()]
     out = run_main("--fdl_config=experiments.base.BaseExperiment", *flags, "--mode=plan",
+                   "--plan_compiler=cpu",
                    "--plan_device=a100-40gb", f"--plan_device_memory_gb={memory_gb}")
     assert out.returncode == 0, out.stderr
     text = out.stdout

@@ -33,6 +33,7 @@ from collections import defaultdict
 import numpy as np
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_ASYNC = "-start"  # XLA:GPU runs collectives asynchronously: `all-gather-start` ... `-done`
 
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s"
@@ -69,6 +70,8 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
     totals: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
     for name, instructions in computations.items():
         for _, shape, op, rest in instructions:
+            if op.endswith(_ASYNC) and op[:-len(_ASYNC)] in OPS:  # XLA:GPU's async form
+                op, shape = op[:-len(_ASYNC)], _async_result(op[:-len(_ASYNC)], shape)
             if op not in OPS or not runs.get(name):
                 continue
             nbytes = _shape_bytes(shape)
@@ -97,6 +100,25 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
     return sorted((Traffic(op, axes, links, group, count, buffer, sent)
                    for (op, axes, links, group), (count, buffer, sent) in totals.items()),
                   key=lambda t: -t.sent_bytes)
+
+
+def _async_result(op: str, shape: str) -> str:
+    """The result of the collective a `-start` instruction begins: an all-reduce's is the
+    start's own; the others' starts return (operands, results[, scratch]), so their second
+    element."""
+    if op == "all-reduce":
+        return shape
+    if not shape.startswith("("):
+        return shape
+    elements, depth, start = [], 0, 1
+    for i, char in enumerate(shape):
+        depth += (char in "([{") - (char in ")]}")
+        if depth == 1 and char == "," or depth == 0:  # a top-level comma, or the end
+            elements.append(shape[start:i])
+            start = i + 1
+        if depth == 0:
+            break
+    return elements[1] if len(elements) > 1 else shape
 
 
 def stage_transfers(traffic: list[Traffic], axis: str = "stage") -> list[Traffic]:

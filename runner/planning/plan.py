@@ -8,7 +8,13 @@ bytes each collective moves per mesh axis (runner/planning/hlo_text.py), sets th
 analytic sizes of the sharded state, and judges them against a table of GPUs. When the
 run does not fit the chosen GPU, it re-plans the cheapest single changes that might.
 
-The figures come from XLA:CPU, not XLA:GPU (see CAVEATS, printed with every plan).
+Two compilers can plan. XLA:GPU (`--plan_compiler=gpu`, the default where `make install`
+put the CUDA plugin) compiles the step for the planned GPU without one
+(runner/planning/gpu_target.py): its memory is the GPU's buffer assignment, 0.99 to 1.17
+times what an H100 measured for the README's four configurations. XLA:CPU (`cpu`) compiles it for
+as many fake CPU devices: the same partitioning, but XLA:CPU's memory (float32 copies of
+bfloat16 arrays a GPU does not make: up to 2.7x the GPU's figure). Each plan says which
+compiler it used and prints that compiler's caveats.
 """
 
 import copy
@@ -27,7 +33,7 @@ from praxis import pax_fiddle
 from runner.cluster import mesh as mesh_lib
 from runner.core import spec
 from runner.core.errors import UserError
-from runner.planning import hlo_text
+from runner.planning import gpu_target, hlo_text
 from runner.training import throughput
 
 GiB = 2**30
@@ -64,7 +70,19 @@ MEASURED_MFU: dict[str, dict[str, tuple[float, str]]] = {
 REMAT_LADDER = ("none", "save_dot_except_logits_ffn1", "save_dot_with_no_batch_dims",
                 "save_qkv_out_proj", "save_nothing")
 
-CAVEATS = """\
+GPU_CAVEATS = """\
+- Compiled by XLA:GPU (jax {jax}'s CUDA plugin) for the planned GPU's description, without
+  a GPU: XLA's own fusions, buffer assignment and collectives, but no autotuning (default
+  GEMM and fusion configurations), and cuDNN or Pallas attention traced as a plain-JAX
+  flash kernel that keeps what they keep (no [T, T] scores). Against four runs measured
+  on an H100 (jax 0.11.2), the plan was 0.99 to 1.17 times the real peak (README, "Plan
+  before you launch"); the cuDNN runs planned high.
+- Not in the figure: what the runtime holds outside the program (the CUDA context, cuBLAS
+  and cuDNN workspaces, NCCL's buffers: typically under 1-2 GiB, inside the 15% JAX leaves
+  unused at XLA_PYTHON_CLIENT_MEM_FRACTION=0.85).
+- The other GPUs' verdicts use this GPU's program; plan for one with --plan_device."""
+
+CPU_CAVEATS = """\
 - Compiled by XLA:CPU on fake devices, not by XLA:GPU. The same SPMD partitioner splits the
   same annotated program, so what is sharded, gathered and reduced matches a GPU run; the
   memory figures are XLA:CPU's buffer assignment, and differ from a GPU's:
@@ -79,12 +97,15 @@ CAVEATS = """\
     cuDNN for bf16 on an H100 or H200; Pallas for float32, or packed rows on an A100).
     Both are traced as a plain-JAX flash kernel that keeps what they keep (no [T, T]
     scores).
-  So a plan within about 2x of the budget is a question for a real GPU, in either direction.
+  So a plan within about 2x of the budget is a question for a real GPU, in either direction
+  (--plan_compiler=gpu compiles it as XLA:GPU does).
 - XLA:CPU runs bfloat16 collectives in float32 (its float normalization; right after
   partitioning, a bfloat16 model's weight gathers and gradient reductions are bfloat16), so
   for such a model the collective bytes shown are about twice a GPU's. It also leaves FSDP
   gradient reductions as all-reduce; XLA:GPU turns an all-reduce that each device then
-  slices into a reduce-scatter, which sends half the bytes.
+  slices into a reduce-scatter, which sends half the bytes."""
+
+COMMON_CAVEATS = """\
 - Bytes sent assume ring algorithms (all-reduce 2(n-1)/n of the buffer, all-gather and
   reduce-scatter (n-1)/n); NCCL may pick trees or NVLS, with other constants.
 - The step time is FLOPs / (devices x peak x the stated MFU), divided by 1 - the bubble
@@ -133,9 +154,15 @@ class Plan:
     traffic: list[hlo_text.Traffic]
     upcast_copies: list[tuple[str, int]]  # XLA:CPU's float32 copies of bfloat16 arrays
     compile_s: float
+    compiler: str  # "gpu" (XLA:GPU for `device`'s description) or "cpu" (XLA:CPU)
+    device: str  # the DEVICE_KINDS key compiled for (XLA:GPU) or planned for
     compiled: object = dataclasses.field(repr=False)  # the jax Compiled step (HLO, analyses)
     pipeline: spec.PipelineSpec | None = None  # None: one stage
     accumulation_steps: int = 1  # GRADIENT_ACCUMULATION_STEPS: sub-batches per update
+
+    @property
+    def compiler_name(self) -> str:
+        return "XLA:GPU" if self.compiler == "gpu" else "XLA:CPU"
 
     @property
     def tokens_per_step(self) -> int:
@@ -160,6 +187,31 @@ def device_count(exp) -> int:
     return math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE)
 
 
+COMPILERS = ("auto", "gpu", "cpu")
+
+
+def start(exp, compiler: str = "auto") -> str:
+    """Before jax starts: make ready the compiler to plan `exp` with, and return it: "gpu"
+    (XLA:GPU, when its plugin is installed; `auto` prefers it) or "cpu"."""
+    if compiler not in COMPILERS:
+        raise UserError(f"--plan_compiler={compiler}: one of {', '.join(COMPILERS)}")
+    from jax._src import xla_bridge
+
+    started = xla_bridge.backends_are_initialized()  # too late to load a plugin
+    if compiler == "cpu" or compiler == "auto" and (started or not gpu_target.installed()):
+        use_host_devices(device_count(exp))
+        return "cpu"
+    if not gpu_target.installed():
+        raise UserError(f"--plan_compiler=gpu: XLA:GPU's plugin is not installed (`make "
+                        f"install` puts it in {gpu_target.plugin_dir()}); "
+                        f"--plan_compiler=cpu plans with XLA:CPU")
+    if started:
+        raise UserError("--plan_compiler=gpu: jax started before the plan could load "
+                        "XLA:GPU's plugin; plan in a fresh process")
+    gpu_target.start_jax()
+    return "gpu"
+
+
 def use_host_devices(count: int) -> list:
     """`count` CPU devices to plan on. Before jax has started its backends (building a run's
     graph starts them), ask for exactly that many fake ones, on the CPU platform even on a
@@ -181,14 +233,20 @@ def use_host_devices(count: int) -> list:
     return devices[:count]
 
 
-def plan(exp, config: fdl.Config) -> Plan:
-    """Compile the train step of `exp`'s run graph `config` for its mesh on fake CPU devices
-    and read the result."""
+def plan(exp, config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
+         device_memory_gb: float = 0.0) -> Plan:
+    """Compile the train step of `exp`'s run graph `config` for its mesh, with XLA:GPU for
+    `device` (`compiler="gpu"`, after start()) or on fake CPU devices, and read the result."""
     from runner.training.trainer import Trainer
 
     config = copy.deepcopy(config)
     ici, dcn = list(config.mesh.ici_mesh_shape), list(config.mesh.dcn_mesh_shape)
-    devices = use_host_devices(math.prod(ici) * math.prod(dcn))
+    if compiler == "gpu":
+        memory_bytes = (int(device_memory_gb * 1e9) if device_memory_gb > 0
+                        else DEVICE_KINDS[device].memory_bytes)
+        devices = gpu_target.devices(device, memory_bytes, ici, dcn)
+    else:
+        devices = use_host_devices(math.prod(ici) * math.prod(dcn))
     if config.make_train_input is None:
         raise UserError(f"{type(exp).__name__} is evaluation-only; --mode=plan plans training")
     # The step never sees the inputs or the tokenizer: leave them out, so planning needs no
@@ -207,7 +265,15 @@ def plan(exp, config: fdl.Config) -> Plan:
              for k, s in trainer.batch_shapes.items()}
     start = time.perf_counter()
     with jax.set_mesh(mesh):  # praxis's activation sharding annotations name the mesh's axes
-        compiled = trainer.train_step.lower(trainer.abstract_state, batch).compile()
+        lowered = trainer.train_step.lower(trainer.abstract_state, batch)
+    try:
+        compiled = lowered.compile()
+    except Exception as error:  # XLA's message is many lines; its first says what failed
+        if compiler != "gpu":
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"XLA:GPU could not compile the train step for {device} ({first}); "
+                        f"--plan_compiler=cpu plans with XLA:CPU") from None
     compile_s = time.perf_counter() - start
     analysis = compiled.memory_analysis()
     state = trainer.abstract_state
@@ -227,8 +293,9 @@ def plan(exp, config: fdl.Config) -> Plan:
         seq_len=run.model_shape.seq_len, num_params=trainer.num_params,
         matmul_params=throughput.matmul_param_count(state["params"]),
         flops_per_token=trainer.flops_per_token, memory=memory, traffic=traffic,
-        upcast_copies=hlo_text.upcast_copies(program),
-        compile_s=compile_s, compiled=compiled, pipeline=run.pipeline,
+        upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
+        compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
+        pipeline=run.pipeline,
         accumulation_steps=run.loop.gradient_accumulation_steps)
 
 
@@ -340,7 +407,8 @@ def _more_microbatches(p: Plan) -> list[tuple[dict, str]]:
     return found
 
 
-def find_changes(exp, p: Plan, budget: int, variant_graph) -> dict[str, list[Change]]:
+def find_changes(exp, p: Plan, budget: int, variant_graph,
+                 device_memory_gb: float = 0.0) -> dict[str, list[Change]]:
     """Per kind, the candidates tried in order, up to and including the first that fits;
     `variant_graph(experiment)` is a changed experiment's run graph, as the command line
     would build it (its graph overrides kept)."""
@@ -350,7 +418,9 @@ def find_changes(exp, p: Plan, budget: int, variant_graph) -> dict[str, list[Cha
         for changed, cost in candidates:
             try:
                 variant = type(exp)(**{**exp.hyperparameters(), **changed})
-                change = Change(changed, cost, plan=plan(variant, variant_graph(variant)))
+                change = Change(changed, cost, plan=plan(
+                    variant, variant_graph(variant), compiler=p.compiler, device=p.device,
+                    device_memory_gb=device_memory_gb))
             except UserError as error:
                 change = Change(changed, cost, error=str(error))
             tried.append(change)
@@ -360,22 +430,24 @@ def find_changes(exp, p: Plan, budget: int, variant_graph) -> dict[str, list[Cha
     return found
 
 
-def report(exp, config: fdl.Config, variant_graph, *, device: str = "h100", mfu: float = 0.4,
-           device_memory_gb: float = 0.0) -> str:
+def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
+           device: str = "h100", mfu: float = 0.4, device_memory_gb: float = 0.0) -> str:
     """The plan of `exp`'s run graph `config` as text: what `main.py --mode=plan` prints.
     `variant_graph(experiment)` builds a changed experiment's graph, as the command line
-    built `config`, to re-plan the changes that would fit."""
+    built `config`, to re-plan the changes that would fit; `compiler` is start()'s."""
     if device not in DEVICE_KINDS:
         raise UserError(f"--plan_device={device}: one of {', '.join(DEVICE_KINDS)}")
     if not 0 < mfu <= 1:
         raise UserError(f"--plan_mfu={mfu}: a fraction in (0, 1], e.g. 0.4")
-    start = time.perf_counter()
-    p = plan(exp, config)
+    began = time.perf_counter()
+    p = plan(exp, config, compiler=compiler, device=device, device_memory_gb=device_memory_gb)
     chosen = DEVICE_KINDS[device]
     budget = memory_budget(chosen, device_memory_gb)
     lines = _describe(p)
+    compiled_for = f"; the program compiled for {chosen.name}" if compiler == "gpu" else ""
     lines += ["", f"Verdict (XLA may use {memory_fraction():.0%} of a GPU's memory: "
-              f"XLA_PYTHON_CLIENT_MEM_FRACTION, as scripts_gpu/common.sh sets it)"]
+              f"XLA_PYTHON_CLIENT_MEM_FRACTION, as scripts_gpu/common.sh sets it"
+              f"{compiled_for})"]
     for key, kind in DEVICE_KINDS.items():
         size = memory_budget(kind, device_memory_gb if key == device else 0.0)
         name = kind.name + (f" (given {device_memory_gb:g} GB)"
@@ -383,7 +455,8 @@ def report(exp, config: fdl.Config, variant_graph, *, device: str = "h100", mfu:
         lines.append(f"  {name:<26} {_size(size):>9} usable  {_verdict(p, size)}")
     if not fits(p, budget):
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
-        for kind, tried in find_changes(exp, p, budget, variant_graph).items():
+        for kind, tried in find_changes(exp, p, budget, variant_graph,
+                                        device_memory_gb).items():
             lines += _describe_changes(kind, tried, budget)
     step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
     # A pipeline's stages compute at that MFU while busy, and wait out the bubble.
@@ -399,9 +472,11 @@ def report(exp, config: fdl.Config, variant_graph, *, device: str = "h100", mfu:
                   f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
                   f"none recorded for {type(exp).__name__} yet (bench/gpu_bench.py "
                   f"measures it)")]
-    lines += ["", "Caveats", CAVEATS, "",
-              f"planned in {time.perf_counter() - start:.1f}s "
-              f"(train step compiled in {p.compile_s:.1f}s)"]
+    caveats = (GPU_CAVEATS.format(jax=jax.__version__) if compiler == "gpu"
+               else CPU_CAVEATS)
+    lines += ["", f"Caveats ({p.compiler_name})", caveats, COMMON_CAVEATS, "",
+              f"planned in {time.perf_counter() - began:.1f}s "
+              f"(train step compiled by {p.compiler_name} in {p.compile_s:.1f}s)"]
     return "\n".join(lines)
 
 
@@ -422,6 +497,10 @@ def _describe(p: Plan) -> list[str]:
         f"step; PERCORE_BATCH_SIZE={hp['PERCORE_BATCH_SIZE']:g}, "
         f"CHECKPOINT_POLICY={hp['CHECKPOINT_POLICY']}, FPROP_DTYPE={hp['FPROP_DTYPE']}",
     ]
+    lines.append(
+        f"  compiled by XLA:GPU for {DEVICE_KINDS[p.device].name}, without one "
+        f"(runner/planning/gpu_target.py)" if p.compiler == "gpu" else
+        "  compiled by XLA:CPU on fake CPU devices (--plan_compiler=gpu: XLA:GPU's figures)")
     if p.accumulation_steps > 1:
         lines.append(f"  GRADIENT_ACCUMULATION_STEPS={p.accumulation_steps}: {p.accumulation_steps}"
                      f" sub-batches of {p.sub_batch} sequences, one after another, per update")
@@ -432,7 +511,7 @@ def _describe(p: Plan) -> list[str]:
         f"  FLOPs per token  {p.flops_per_token:.4g} (6N + 12·L·H·Q·T, runner/training/throughput.py)",
         f"  FLOPs per step   {p.flops_per_token * p.tokens_per_step:.4g}",
         "",
-        f"{f'Memory per device ({unit})':<49} {'XLA:CPU':>10} {'analytic':>10}",
+        f"{f'Memory per device ({unit})':<49} {p.compiler_name:>10} {'analytic':>10}",
         row("parameters (float32)", None, m.params),
         row("optimizer state (Adam moments)", None, m.opt_state),
         row("gradients (float32, in temporaries)", None, m.gradients),

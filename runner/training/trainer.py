@@ -59,7 +59,10 @@ class Trainer:
         replicated = mesh_lib.replicated(mesh)
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in self.batch_shapes.items()}
-        with jax.set_mesh(mesh):
+        # praxis's annotations need the mesh's axis names only; an abstract mesh keeps the
+        # eager work of abstract init on the default device, so a plan can build a Trainer
+        # over devices it cannot run on (runner/planning/gpu_target.py).
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             param_specs = param_partition_specs(self.model, example, mesh)
         init_fn = make_init_fn(self.model, self.tx, self.batch_shapes)
         abstract_state = jax.eval_shape(init_fn, jax.random.key(0))

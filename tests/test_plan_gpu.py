@@ -1,0 +1,126 @@
+"""--mode=plan compiled by XLA:GPU without a GPU (runner/planning/gpu_target.py): its memory
+against what an H100 measured, its async collectives read per mesh axis, and the
+one-line errors when its plugin is missing.
+
+The measured figures (issue 24): one H100 80GB, jax 0.11.2, XLA:GPU's compiled memory
+analysis of the train step, equal to `memory_stats()` after 3 steps.
+"""
+
+import re
+
+import pytest
+
+from runner.planning import gpu_target, hlo_text
+from tests.test_main_cli import run_main
+
+needs_plugin = pytest.mark.skipif(not gpu_target.installed(),
+                                  reason="XLA:GPU's plugin is not installed (make install)")
+
+GiB = 2**30
+PEAK = re.compile(r"peak \(arguments \+ outputs - donated \+ temps\) +([\d.]+)")
+
+
+def plan_peak_gib(*args) -> tuple[float, str]:
+    # The compile-time settings tests give XLA:CPU (conftest) are not what a user's plan
+    # runs with: plan as a user would.
+    env = {"XLA_FLAGS": ""}
+    out = run_main("--mode=plan", "--plan_compiler=gpu", *args, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return float(PEAK.search(out.stdout).group(1)), out.stdout
+
+
+# (flags, GiB measured on the H100). Each plans in 20-35 s on 2 cores: the first runs in
+# `make test`, the others in `make test-all`.
+MEASURED_ON_H100 = [
+    pytest.param(["--fdl_config=experiments.Synthetic126M", "--fdl.PERCORE_BATCH_SIZE=8",
+                  "--fdl.ATTENTION_IMPL=praxis"], 30.9, id="126M-b8-praxis"),
+    pytest.param(["--fdl_config=experiments.Synthetic126M", "--fdl.PERCORE_BATCH_SIZE=8",
+                  "--fdl.ATTENTION_IMPL=cudnn", "--fdl.PACKED_INPUT=False"], 12.6,
+                 id="126M-b8-cudnn", marks=pytest.mark.slow),
+    pytest.param(["--fdl_config=experiments.Synthetic126M", "--fdl.PERCORE_BATCH_SIZE=16",
+                  "--fdl.ATTENTION_IMPL=cudnn", "--fdl.PACKED_INPUT=False"], 23.5,
+                 id="126M-b16-cudnn", marks=pytest.mark.slow),
+    pytest.param(["--fdl_config=experiments.GPT1_3B", "--fdl.PERCORE_BATCH_SIZE=4",
+                  "--fdl.ATTENTION_IMPL=cudnn", "--fdl.PACKED_INPUT=False"], 34.6,
+                 id="1_3B-b4-cudnn", marks=pytest.mark.slow),
+]
+
+
+@needs_plugin
+@pytest.mark.parametrize("flags,measured_gib", MEASURED_ON_H100)
+def test_xla_gpu_plan_is_within_20_percent_of_the_h100s_peak(flags, measured_gib):
+    # XLA:CPU plans them at 2.0x to 2.7x the measured figure (README).
+    # LOSS_CHUNK_LEN=0: the one-pass loss, the program that ran on the H100 then.
+    planned, text = plan_peak_gib(*flags, "--fdl.ICI_MESH_SHAPE=[1,1,1]",
+                                  "--fdl.LOSS_CHUNK_LEN=0", "--plan_device=h100")
+    assert "compiled by XLA:GPU for H100 80GB" in text
+    assert abs(planned / measured_gib - 1) <= 0.2, (planned, measured_gib)
+
+
+@needs_plugin
+def test_a_sharded_bfloat16_plan_by_xla_gpu_from_the_command_line():
+    planned, text = plan_peak_gib("--fdl_config=experiments.Tiny", "--fdl.ICI_MESH_SHAPE=[2,2,2]",
+                                  "--fdl.FPROP_DTYPE=\"bfloat16\"", "--plan_device=a100-40gb")
+    assert "compiled by XLA:GPU for A100 40GB" in text
+    assert re.search(r"Memory per device \(MiB\) +XLA:GPU +analytic", text)
+    assert "Caveats (XLA:GPU)" in text and "float32 copies" not in text
+    # XLA:GPU's async collectives, read per mesh axis: FSDP gathers the weights over data
+    # and reduce-scatters their gradients; tensor parallelism all-reduces over mdl.
+    assert re.search(r"all-gather +data +ICI +2 ", text)
+    assert re.search(r"reduce-scatter +data +ICI +2 ", text)
+    assert re.search(r"all-reduce +mdl +ICI +2 ", text)
+    assert 0 < planned < 64
+
+
+def test_plans_without_the_plugin_say_so_in_one_line():
+    env = {"PAXLOOM_XLA_GPU_COMPILER": "/nonexistent"}
+    if gpu_target._plugin_importable():
+        pytest.skip("a CUDA plugin is importable from this environment")
+    out = run_main("--fdl_config=experiments.Tiny", "--mode=plan", "--plan_compiler=gpu", env=env)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--plan_compiler=gpu: XLA:GPU's plugin is not installed" in \
+        lines[0] and "--plan_compiler=cpu" in lines[0], out.stderr
+
+
+# XLA:GPU's async collectives, as a compiled H100 program prints them (trimmed), on a
+# replica=2 x data=2 x mdl=2 mesh.
+ASYNC_HLO = """\
+HloModule jit_step, is_scheduled=true
+
+ENTRY %main (p0: bf16[64,32], p1: f32[4,128,64], p2: f32[32]) -> f32[4,128] {
+  %p0 = bf16[64,32]{1,0} parameter(0)
+  %p1 = f32[4,128,64]{2,1,0} parameter(1)
+  %p2 = f32[32]{0} parameter(2)
+  %all-gather-start = ((bf16[64,32]{1,0}, /*index=1*/bf16[64,32]{1,0}), (bf16[128,32]{1,0}, bf16[128,32]{1,0})) all-gather-start(%p0, %p0), channel_id=1, replica_groups=[4,2]<=[2,2,2]T(0,2,1), dimensions={0}, use_global_device_ids=true
+  %all-gather-done = (bf16[128,32]{1,0}, bf16[128,32]{1,0}) all-gather-done(%all-gather-start)
+  %reduce-scatter-start = ((f32[4,128,64]{2,1,0}), f32[4,128,32]{2,1,0}) reduce-scatter-start(%p1), channel_id=2, replica_groups=[4,2]<=[8], use_global_device_ids=true, dimensions={2}, to_apply=%add
+  %reduce-scatter-done = f32[4,128,32]{2,1,0} reduce-scatter-done(%reduce-scatter-start)
+  %all-reduce-start = f32[4,128]{1,0} all-reduce-start(%p1), channel_id=3, replica_groups=mesh['axis_0'=2,'axis_1'=2,'axis_2'=2] {'axis_0'}, use_global_device_ids=true, to_apply=%add
+  %collective-permute-start = ((f32[32]{0}), (f32[32]{0}), u32[], u32[]) collective-permute-start(%p2), channel_id=4, source_target_pairs={{0,1},{1,0},{2,3},{3,2},{4,5},{5,4},{6,7},{7,6}}
+  ROOT %all-reduce-done = f32[4,128]{1,0} all-reduce-done(%all-reduce-start)
+}
+"""
+
+
+def test_xla_gpus_async_collectives_are_read_per_mesh_axis():
+    mesh = {"replica": 2, "data": 2, "mdl": 2}
+    traffic = {(t.op, t.axes): t for t in
+               hlo_text.step_traffic(ASYNC_HLO, mesh, [2, 2, 2], [1, 1, 1])}
+    assert set(traffic) == {("all-gather", ("data",)), ("reduce-scatter", ("mdl",)),
+                            ("all-reduce", ("replica",)), ("collective-permute", ("mdl",))}
+    # The results, not the operands: two gathered bf16[128,32]; one f32[4,128,32] shard.
+    assert traffic["all-gather", ("data",)].buffer_bytes == 2 * 128 * 32 * 2
+    assert traffic["reduce-scatter", ("mdl",)].buffer_bytes == 2 * 4 * 128 * 32 * 4
+    assert traffic["all-reduce", ("replica",)].buffer_bytes == 4 * 128 * 4
+    assert traffic["collective-permute", ("mdl",)].sent_bytes == 32 * 4
+    assert all(t.count == 1 for t in traffic.values())
+
+
+def test_target_configs_describe_each_planned_gpu():
+    from runner.planning import plan
+
+    assert set(gpu_target.TARGETS) == set(plan.DEVICE_KINDS)
+    text = gpu_target.target_config(gpu_target.TARGETS["a100-80gb"], 81920 * 2**20)
+    assert "cuda_compute_capability { major: 8 minor: 0 }" in text
+    assert f"device_memory_size: {81920 * 2**20}" in text
