@@ -27,14 +27,23 @@ def test_schedule_equals_praxis_linear_rampup_cosine_decay(schedule):
                                    rtol=2e-5, atol=1e-12, err_msg=f"step {step}")
 
 
-@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_adam_update_equals_praxis_sharded_adam(weight_decay):
+@pytest.mark.parametrize("weight_decay,epsilon_root,clip_threshold,peak", [
+    (0.0, 0.0, 0.0, 1.0),
+    (0.1, 0.0, 0.0, 1.0),
+    # Pax's ADAM_EPSILON_ROOT, ADAM_CLIP_THRESHOLD (sharded_adam's update capping) and
+    # LR_COS_MAX (the schedule's peak).
+    (0.1, 1e-6, 0.5, 0.5),
+])
+def test_adam_update_equals_praxis_sharded_adam(weight_decay, epsilon_root, clip_threshold,
+                                                peak):
     schedule = optimizer.linear_rampup_cosine_decay(learning_rate=1e-2, warmup_steps=2,
-                                                    decay_start=2, decay_end=10, min_ratio=0.1)
+                                                    decay_start=2, decay_end=10, min_ratio=0.1,
+                                                    peak=peak)
     ours = optimizer.adamw(schedule=schedule, beta1=0.9, beta2=0.95, epsilon=1e-8,
-                           weight_decay=weight_decay, clip_gradient_norm_to_value=0.0)
+                           weight_decay=weight_decay, clip_gradient_norm_to_value=0.0,
+                           epsilon_root=epsilon_root, clip_threshold=clip_threshold)
     theirs = optimizers.sharded_adam(schedule, beta1=0.9, beta2=0.95, epsilon=1e-8,
-                                     epsilon_root=0.0, update_capping=0.0,
+                                     epsilon_root=epsilon_root, update_capping=clip_threshold,
                                      weight_decay=weight_decay)
     keys = jax.random.split(jax.random.key(0), 8)
     params = {"w": jax.random.normal(keys[0], (4, 3)), "b": jax.random.normal(keys[1], (3,))}
