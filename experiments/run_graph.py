@@ -125,7 +125,12 @@ def _initial_weights(exp) -> fdl.Config | None:
 def _with_fp8(model, plan_for_hopper: bool | None):
     """The template with FP8 matmuls (layers/fp8.py), where the platform has FP8 tensor
     cores (compute capability 8.9: Ada, Hopper and newer); on a CPU, for tests, with a
-    note that it is emulated."""
+    note that it is emulated. A plan for a GPU without them (an A100: --plan_device) is
+    refused as the run would be."""
+    if plan_for_hopper is False:  # the plannable GPUs other than H100/H200 are A100s (8.0)
+        raise UserError("USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer) and the "
+                        "planned A100 has none: plan with --plan_device=h100 or h200, or set "
+                        "--fdl.USE_FP8=False")
     if plan_for_hopper is None:
         platform = jax.default_backend()
         if platform == "gpu" and not fp8.has_fp8_tensor_cores(jax.devices()):

@@ -401,6 +401,15 @@ def test_fp8_tensor_cores_from_compute_capability():
     assert not fp8.has_fp8_tensor_cores([gpu("9.0"), gpu("8.6")])
 
 
+def test_a_plan_of_fp8_for_an_a100_is_one_line():
+    exp = experiments.BaseExperiment(**TINY, USE_FP8=True, ATTENTION_IMPL="xla")
+    exp.run_config(plan_for_hopper=True)  # an H100 or H200 plan
+    with pytest.raises(UserError, match=r"USE_FP8=True needs FP8 tensor cores .* the planned "
+                                        r"A100 has none: plan with --plan_device=h100") as error:
+        exp.run_config(plan_for_hopper=False)
+    assert "\n" not in str(error.value)
+
+
 def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_one_line(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda *_: [gpu("8.0")] * 8)
