@@ -20,8 +20,8 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
 
+from core.errors import UserError
 from runner.cluster import compilation_cache, xla_flags
-from runner.core.errors import UserError
 
 FLAGS = flags.FLAGS
 app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
@@ -122,7 +122,7 @@ def resolve_experiment(hyperparameter_overrides: dict[str, str]):
     name = FLAGS.fdl_config
     recorded = {}
     if FLAGS.fdl_config_file:
-        from runner.launch import job
+        from launch import job
 
         if hyperparameter_overrides:
             raise UserError(f"--fdl_config_file reruns a recorded graph, so --fdl."
@@ -158,7 +158,7 @@ def recorded_run(name: str | None) -> dict | None:
     if FLAGS.mode not in ("decode", "eval") or FLAGS.fdl_config_file or not FLAGS.job_log_dir:
         return None
     import experiments
-    from runner.launch import job
+    from launch import job
 
     record = job.recorded_run(FLAGS.job_log_dir)
     if record is None or not os.path.samefile(os.path.dirname(record["path"]),
@@ -175,7 +175,7 @@ def recorded_run(name: str | None) -> dict | None:
 def use_recorded_settings(cls, record: dict, values: dict) -> dict:
     """The recorded run's hyperparameters and data locations under the command line's: a
     run decodes and evaluates as it trained unless a flag says otherwise. Logs one line."""
-    from runner.core.log import log
+    from core.log import log
 
     types, defaults = cls.hyperparameter_types(), cls().hyperparameters()
     recorded = {k: v for k, v in record["hyperparameters"].items()
@@ -212,7 +212,7 @@ def data_locations() -> dict:
 def run_graph(exp, graph_overrides: dict[str, str]):
     """The run's Fiddle graph: the experiment's (or the recorded one), as the flags adjust it."""
     from experiments import overrides
-    from runner.launch import job
+    from launch import job
 
     if not FLAGS.fdl_config_file:
         config = experiment_graph(exp, graph_overrides)
@@ -244,8 +244,8 @@ def experiment_graph(exp, graph_overrides: dict[str, str]):
 
 
 def start_distributed() -> None:
+    from core.log import log
     from runner.cluster import distributed
-    from runner.core.log import log
 
     options = distributed.DistributedOptions(
         multiprocess_gpu=FLAGS.multiprocess_gpu, server_addr=FLAGS.server_addr,
@@ -358,7 +358,7 @@ def main(argv: list[str]) -> int:
     config = run_graph(exp, graph_overrides)
     check_profile_steps(config)
     if FLAGS.print_config:
-        from runner.launch import job
+        from launch import job
 
         print(job.describe(exp, config))
     elif FLAGS.mode == "plan":
@@ -378,9 +378,9 @@ def run_mode(exp, config) -> None:
 
         jax.config.update("jax_log_compiles", True)
     if FLAGS.mode == "decode":
+        from launch import decode
         from runner.inference.decode import DecodeOptions
         from runner.inference.generate import SamplingOptions
-        from runner.launch import decode
 
         decode.run(exp, config, DecodeOptions(
             job_log_dir=FLAGS.job_log_dir, prompts=FLAGS.prompt,
@@ -391,7 +391,7 @@ def run_mode(exp, config) -> None:
             restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
             restore_checkpoint_step=FLAGS.restore_checkpoint_step))
         return
-    from runner.launch import job
+    from launch import job
 
     job.run(exp, job.RunOptions(
         job_log_dir=FLAGS.job_log_dir, mode=FLAGS.mode, peak_tflops=FLAGS.peak_tflops,
@@ -416,8 +416,8 @@ def exit_now(code: int, message: str) -> None:
 
 
 if __name__ == "__main__":
-    from runner.core import errors
-    from runner.core.errors import UserError
+    from core import errors
+    from core.errors import UserError
 
     try:
         sys.exit(main(sys.argv))

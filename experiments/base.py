@@ -21,9 +21,9 @@ import fiddle as fdl
 if typing.TYPE_CHECKING:
     from praxis import pax_fiddle
 
-    from runner.core import data
+    from core import data
 
-from runner.core.errors import UserError, near_matches
+from core.errors import UserError, near_matches
 
 # Allowed values of the string hyperparameters that name a choice.
 CHOICES = {
@@ -479,7 +479,7 @@ class BaseExperiment:
     # --- The data seam -------------------------------------------------------------
 
     def dataset(self) -> "data.Dataset":
-        """What the run trains and evaluates on (runner/core/data.py's Dataset protocol).
+        """What the run trains and evaluates on (core/data.py's Dataset protocol).
 
         Default: the dataset registered under DATASET (tasks/datasets.py). Override it to
         train on your own files (`tasks.text.TextFiles(train="data/*.jsonl.gz", ...)`) or
@@ -494,7 +494,7 @@ class BaseExperiment:
         """The hyperparameters a dataset reads, and where the flags say data live. Without
         a --vocab_path, a run that starts from a Hugging Face model directory encodes with
         that model's own tokenizer.json."""
-        from runner.core import data
+        from core import data
 
         if vocab_path is None and self.CHECKPOINT_RESTORE_PATH:
             model_tokenizer = os.path.join(self.CHECKPOINT_RESTORE_PATH, "tokenizer.json")
@@ -518,7 +518,7 @@ class BaseExperiment:
     # --- The callback seam ---------------------------------------------------------
 
     def callbacks(self) -> list:
-        """Extra training-loop callbacks (runner.core.callbacks.Callback) for this
+        """Extra training-loop callbacks (core.callbacks.Callback) for this
         experiment, beside the built-in ones the launcher adds."""
         return []
 

@@ -14,9 +14,9 @@ weight decay 0.1, clipping 1.0, peak 3e-4 with 2000 warmup steps, cosine to 10%)
 Both use a 32000-piece vocabulary and RMSNorm epsilon 1e-5.
 """
 
+from core.errors import UserError
 from experiments.base import BaseExperiment
 from experiments.registry import register
-from runner.core.errors import UserError
 
 
 class LlamaBase(BaseExperiment):

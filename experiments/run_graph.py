@@ -1,4 +1,4 @@
-"""Hyperparameters -> the run as a Fiddle graph (built into a runner.core.spec.RunSpec).
+"""Hyperparameters -> the run as a Fiddle graph (built into a core.spec.RunSpec).
 
 Everything the run will do is visible in this graph before it starts: main.py
 writes it to job_log_dir and `--print_config` shows it.
@@ -9,12 +9,12 @@ import math
 import fiddle as fdl
 import jax
 
+from core import spec
+from core.errors import UserError
+from core.log import log
 from layers import attention, fp8, lora, stack
 from layers.stack import transformer_layer_template
 from runner.cluster.mesh import with_stage_axis
-from runner.core import spec
-from runner.core.errors import UserError
-from runner.core.log import log
 from runner.state import optimizer, partitioning
 
 

@@ -42,9 +42,9 @@ import fiddle as fdl
 import jax.numpy as jnp
 import numpy as np
 
-from runner.core.data import DataSettings, Tokenizer
-from runner.core.errors import UserError
-from runner.core.spec import Evaluation
+from core.data import DataSettings, Tokenizer
+from core.errors import UserError
+from core.spec import Evaluation
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.packing import make_batch
 from tasks.text_formats import jsonl_records

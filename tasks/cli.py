@@ -4,7 +4,7 @@ import sys
 
 from absl import app
 
-from runner.core.errors import UserError
+from core.errors import UserError
 
 
 def run(main) -> None:

@@ -1,6 +1,6 @@
 """Datasets registered by name: what `DATASET=` names on the command line.
 
-A dataset implements runner.core.data.Dataset: given the run's DataSettings it returns the
+A dataset implements core.data.Dataset: given the run's DataSettings it returns the
 Fiddle nodes of its train input, its evaluations and its tokenizer, which the run graph
 records. The built-in ones are registered here; a user registers their own the same way,
 in their own module, or returns an instance from their experiment's `dataset()` method
@@ -23,8 +23,8 @@ import functools
 
 import fiddle as fdl
 
-from runner.core.data import DataSettings
-from runner.core.errors import UserError, near_matches
+from core.data import DataSettings
+from core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.boolq import BoolQ
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
@@ -190,7 +190,7 @@ def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size,
                          num_batches, process_rows)
 
 
-# Checked before the first step (runner/core/data.py), not when first read.
+# Checked before the first step (core/data.py), not when first read.
 pile_train_input.check = lambda *, data_dir, **_: layout.pile_train_files(data_dir)
 pile_eval_input.check = lambda *, data_dir, **_: check_files(
     layout.pile_val_files, data_dir, "--fdl.EVAL_BATCHES=0 (or --noeval_on_test when "

@@ -1,7 +1,7 @@
-"""The evaluation sets experiments name in their Fiddle graph (runner.core.spec.Evaluation).
+"""The evaluation sets experiments name in their Fiddle graph (core.spec.Evaluation).
 
 A user adds an evaluation the same way, in their own module: subclass
-`runner.core.spec.Evaluation`, give it `metrics` (and, if it needs other per-example
+`core.spec.Evaluation`, give it `metrics` (and, if it needs other per-example
 arrays, `batch_outputs`), and put it in the experiment's `evals`.
 """
 
@@ -11,7 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from runner.core.spec import Evaluation
+from core.spec import Evaluation
 from tasks import lambada
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.core.errors import UserError
+from core.errors import UserError
 from tasks.packing import make_batch, pack_documents, pad_batch_rows
 from tasks.prepare import PreparedFile, Tokenizer, prepare
 from tasks.text_formats import TextFormat

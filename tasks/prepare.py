@@ -34,14 +34,14 @@ from pathlib import Path
 import numpy as np
 from absl import flags, logging
 
-from runner.core.errors import UserError
+from core.errors import UserError
 from tasks import layout
 from tasks.progress import Progress
 from tasks.text_formats import ReadStats, TextFormat
 from tasks.tokenizer import HFTokenizer, load_tokenizer
 from tasks.vocab import Vocabulary
 
-# Either tokenizer of tasks/tokenizer.py (anything with the runner.core.data.Tokenizer
+# Either tokenizer of tasks/tokenizer.py (anything with the core.data.Tokenizer
 # methods and a `path` and `sha256`).
 Tokenizer = Vocabulary | HFTokenizer
 _DEFAULT_FORMAT = TextFormat()

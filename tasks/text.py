@@ -27,8 +27,8 @@ import hashlib
 
 import fiddle as fdl
 
-from runner.core.data import DataSettings
-from runner.core.errors import UserError
+from core.data import DataSettings
+from core.errors import UserError
 from tasks import evaluations
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary

@@ -7,7 +7,7 @@
   `tokenizer.json`) -> HFTokenizer, through the `tokenizers` library (an optional
   dependency: `pip install 'paxloom[text]'`).
 
-Both have the runner.core.data.Tokenizer methods and `path`, `sha256`, `vocab_size`,
+Both have the core.data.Tokenizer methods and `path`, `sha256`, `vocab_size`,
 `eos_id`, `pad_id`, and both pickle as their bytes, so prepare's worker processes see
 exactly the loaded tokenizer.
 
@@ -26,7 +26,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from runner.core.errors import UserError
+from core.errors import UserError
 from tasks.vocab import PAD_ID, Vocabulary, load_vocabulary
 
 # Tried in order when no tokenizer_config.json names the EOS token.

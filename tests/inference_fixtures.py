@@ -5,8 +5,8 @@ import jax
 import numpy as np
 from praxis import pax_fiddle
 
+from launch import job
 from runner.cluster import mesh as mesh_lib
-from runner.launch import job
 from runner.state import checkpoints
 from runner.state.train_state import as_model_batch, praxis_context
 from runner.training.trainer import Trainer

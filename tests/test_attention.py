@@ -13,9 +13,9 @@ import pytest
 from praxis import base_layer, pax_fiddle
 from praxis.layers import attentions, embedding_softmax, multi_query_attention, transformers
 
+from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import attention
-from runner.core.errors import UserError
 from runner.state import checkpoints
 from runner.state.train_state import praxis_context
 from tests.helpers import TINY, make_trainer, train_losses

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from runner.core.errors import UserError
-from runner.launch import job
+from core.errors import UserError
+from launch import job
 from runner.state import checkpoints
 from tests.helpers import TINY
 from tests.test_checkpoints import JOB, run_job

@@ -13,10 +13,10 @@ import pytest
 from praxis import py_utils
 
 import experiments
-from runner.core import errors
-from runner.core.data import BATCH_DTYPES, DataSettings
-from runner.core.errors import UserError
-from runner.launch import job
+from core import errors
+from core.data import BATCH_DTYPES, DataSettings
+from core.errors import UserError
+from launch import job
 from tasks import boolq, datasets
 from tasks.tokenizer import load_tokenizer
 from tests.data_fixtures import make_docs, train_hf_tokenizer

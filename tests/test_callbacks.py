@@ -1,9 +1,9 @@
-"""The training loop's callback protocol (runner/core/callbacks.py): each callback's
+"""The training loop's callback protocol (core/callbacks.py): each callback's
 every_n_steps, save and stop requests, the order of the hooks, published scalars."""
 
 import pytest
 
-from runner.core.callbacks import Callback, Request
+from core.callbacks import Callback, Request
 from runner.training.callbacks import ConsoleSummaries
 from tests.helpers import make_trainer
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import experiments
+from core.errors import UserError
+from launch import decode as launch_decode
 from layers import layer_layout as ll
-from runner.core.errors import UserError
 from runner.inference import decode
 from runner.inference import model as inference
-from runner.launch import decode as launch_decode
 from runner.state import checkpoints
 from tests.helpers import TINY, make_trainer
 from tests.inference_fixtures import greedy_reference, save_job

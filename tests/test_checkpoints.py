@@ -1,7 +1,7 @@
 """Checkpoints in one process: round trip, exact resume, other meshes, refusals, crash
 safety, non-finite losses, evaluation from a checkpoint, preemption by signal.
 
-Jobs run through runner.launch.job.run, the code path main.py takes, on the tiny model.
+Jobs run through launch.job.run, the code path main.py takes, on the tiny model.
 """
 
 import errno
@@ -16,8 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 import experiments
-from runner.core.errors import UserError
-from runner.launch import job
+from core.errors import UserError
+from launch import job
 from runner.state import checkpoints
 from runner.training import preemption
 from runner.training.callbacks import NonFiniteLossError

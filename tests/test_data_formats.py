@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from runner.core.errors import UserError
+from core.errors import UserError
 from tasks.input_pipeline import PileEvalInput, raw_rows
 from tasks.prepare import cache_key, prepare
 from tasks.text_formats import ReadStats, TextFormat, expand_files, iter_documents

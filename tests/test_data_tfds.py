@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from runner.core.errors import UserError
+from core.errors import UserError
 from tasks import layout, tfds
 from tasks.lambada import read_lambada
 from tasks.text_formats import iter_documents

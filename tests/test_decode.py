@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
+from launch import decode as launch_decode
 from layers import architecture, cached_lm
 from layers.stack import transformer_layer_template
-from runner.core.errors import UserError
 from runner.inference import decode
 from runner.inference import model as inference
 from runner.inference.generate import SamplingOptions
-from runner.launch import decode as launch_decode
 from tests.data_fixtures import REPO_ROOT
 from tests.helpers import TINY, make_trainer, run_steps
 from tests.inference_fixtures import greedy_reference, praxis_logits, save_job, save_state

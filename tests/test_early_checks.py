@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from runner.core.errors import UserError
-from runner.launch import job
+from core.errors import UserError
+from launch import job
 from tests.data_fixtures import REPO_ROOT, make_docs, make_pile_dir, tiny_vocab_path
 
 # Tiny on a Pile-format directory: evaluates (Pile validation, Lambada) at step 2.

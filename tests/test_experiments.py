@@ -7,9 +7,9 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
+from core.errors import UserError
 from experiments import overrides
 from experiments.base import CHOICES, BaseExperiment
-from runner.core.errors import UserError
 
 
 def test_builtin_experiments_are_registered():
@@ -102,7 +102,7 @@ def test_gpt_model_graph_is_the_reference_model(name):
 
 
 def test_print_config_shows_the_reference_values(capsys):
-    from runner.launch.job import describe
+    from launch.job import describe
 
     exp = experiments.resolve("experiments.GPT126M")()
     text = describe(exp, exp.run_config())
@@ -142,8 +142,8 @@ REFERENCE_LLAMA_SHARED = dict(
 def test_pax_llama_experiments_print_the_reference_values(name):
     from praxis.layers import multi_query_attention, normalizations
 
+    from launch.job import describe
     from layers.stack import transformer_layer_template
-    from runner.launch.job import describe
 
     exp = experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}")()
     assert type(exp) is experiments.resolve(f"experiments.{name}")

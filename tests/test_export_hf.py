@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
-from runner.core.errors import UserError
-from runner.launch import job
+from launch import job
 from tasks import datasets
 from tasks.text import TextFiles
 from tasks.tokenizer import HFTokenizer, load_tokenizer

@@ -12,8 +12,8 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from experiments.llama import LlamaBase
+from launch import job
 from layers import architecture
-from runner.launch import job
 from runner.state import checkpoints, hf_format
 from tests.data_fixtures import make_docs, train_hf_tokenizer
 from tests.helpers import tree_digest

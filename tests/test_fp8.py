@@ -19,12 +19,12 @@ from praxis import pax_fiddle
 from safetensors.numpy import load_file
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
+from launch import decode as launch_decode
+from launch import job
 from layers import fp8, lora
-from runner.core.errors import UserError
 from runner.inference import decode
-from runner.launch import decode as launch_decode
-from runner.launch import job
 from runner.state import checkpoints, initial_weights
 from tests.helpers import TINY, make_trainer
 from tests.inference_fixtures import save_job, save_state
@@ -238,7 +238,7 @@ def test_restore_onto_another_mesh_gives_the_same_scaling_state(fp8_job, tmp_pat
 
 def start_from(tmp_path, path, **overrides):
     """(fresh parameters, parameters read from `path`) of a new run of RUN + overrides with
-    CHECKPOINT_RESTORE_PATH=path, as runner/launch/job.py reads them."""
+    CHECKPOINT_RESTORE_PATH=path, as launch/job.py reads them."""
     exp = experiments.BaseExperiment(**{**RUN, **overrides, "CHECKPOINT_RESTORE_PATH": str(path)})
     config = exp.run_config()
     trainer = make_trainer(tmp_path, **{**RUN, **overrides})

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import experiments
-from runner.core.errors import UserError
-from runner.launch import job
+from core.errors import UserError
+from launch import job
 from runner.training import accumulation
 from tests.helpers import make_trainer
 from tests.test_bad_inputs import TINY_FLAGS, assert_one_line

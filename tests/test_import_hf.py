@@ -18,11 +18,11 @@ from safetensors.numpy import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import experiments
+from core.data import BATCH_DTYPES
+from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
-from runner.core.data import BATCH_DTYPES
-from runner.core.errors import UserError
 from runner.inference.model import abstract_params
 from runner.state import hf_format
 from runner.state.train_state import as_model_batch, praxis_context

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import experiments
-from runner.core.errors import UserError
-from runner.core.spec import InitialWeights
-from runner.launch import job
+from core.errors import UserError
+from core.spec import InitialWeights
+from launch import job
 from runner.state import checkpoints, initial_weights
 from tests.helpers import TINY, make_trainer, tree_digest
 

@@ -1,6 +1,6 @@
-"""The import layering (README, "Architecture"; runner/__init__.py): every module of
-Paxloom imports only its own package and packages below it. Walked from the source, so
-an import inside a function counts too."""
+"""The import layering (docs/architecture.md): every module of Paxloom imports only its own
+package and packages below it, and no two modules import each other, directly or around a
+longer circle. Walked from the source, so an import inside a function counts too."""
 
 import ast
 import pathlib
@@ -11,17 +11,20 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Bottom to top; a package may import only packages of a lower rank (and itself).
 LAYERS = [
-    ["runner.core", "runner"],  # `runner` itself: runner/__init__.py, which imports nothing
+    ["core"],
     ["layers", "tasks"],
-    ["runner.cluster"],
+    ["runner", "runner.cluster"],  # `runner` itself: runner/__init__.py, which imports nothing
     ["runner.state"],
     ["runner.training", "runner.inference"],
     ["runner.planning"],
     ["experiments"],
-    ["runner.launch", "tools"],
+    ["launch"],
+    ["tools", "bench", "scripts_gpu"],
     ["main"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+TOP_LEVEL = ("core", "layers", "tasks", "runner", "experiments", "launch", "tools", "bench",
+             "scripts_gpu")
 
 
 def package_of(module: str) -> str | None:
@@ -33,22 +36,30 @@ def package_of(module: str) -> str | None:
     return None
 
 
-def imports(path: pathlib.Path):
-    """(line, imported module) for every import statement in the file."""
+def imports(path: pathlib.Path, module: str):
+    """(line, imported module) for every import statement in the file. A bare name that is
+    a sibling file (bench/ and scripts_gpu/ import each other that way) is that sibling."""
+    siblings = {p.stem for p in path.parent.glob("*.py")}
+    package = module.rpartition(".")[0]
+
+    def resolve(name: str) -> str:
+        head = name.split(".")[0]
+        return f"{package}.{name}" if package and head in siblings and head not in RANK else name
+
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, resolve(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
+            yield node.lineno, resolve(node.module)
             for alias in node.names:  # `from runner import job` imports runner.job
-                yield node.lineno, f"{node.module}.{alias.name}"
+                yield node.lineno, f"{resolve(node.module)}.{alias.name}"
 
 
 def sources() -> list[tuple[str, pathlib.Path]]:
     """(dotted module name, path) of every Paxloom module."""
     files = [ROOT / "main.py"]
-    for top in ("runner", "layers", "tasks", "experiments", "tools"):
+    for top in TOP_LEVEL:
         files += sorted((ROOT / top).rglob("*.py"))
     return [(".".join(p.relative_to(ROOT).with_suffix("").parts), p) for p in files]
 
@@ -57,11 +68,67 @@ def upward_imports(modules) -> list[str]:
     found = []
     for module, path in modules:
         mine = package_of(module)
-        for line, imported in imports(path):
+        for line, imported in imports(path, module):
             theirs = package_of(imported)
             if mine and theirs and theirs != mine and RANK[theirs] >= RANK[mine]:
                 found.append(f"{module}:{line} ({mine}) imports {imported} ({theirs})")
     return found
+
+
+def import_circles(modules) -> list[list[str]]:
+    """Every set of modules that import each other, directly or around a circle (the
+    strongly connected components of the module graph with more than one member)."""
+    names = {m.removesuffix(".__init__"): p for m, p in modules}
+    graph = {}
+    for module, path in names.items():
+        by_line = {}
+        for line, imported in imports(path, module):
+            # `from runner.cluster import mesh` names the module runner.cluster.mesh (not
+            # the package, whose __init__ may import its own modules); an imported
+            # function's name is not a module, so falls back to its module.
+            while imported and imported not in names:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != module:
+                by_line.setdefault(line, set()).add(imported)
+        graph[module] = {target for found in by_line.values() for target in found
+                         if not any(other.startswith(target + ".") for other in found)}
+    # Tarjan's algorithm, iterative: the repository is deep enough for Python's recursion.
+    index, low, on_stack, stack, circles, counter = {}, {}, set(), [], [], [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
 
 
 def test_every_module_belongs_to_a_layer():
@@ -72,16 +139,36 @@ def test_no_import_runs_upward():
     assert upward_imports(sources()) == []
 
 
+def test_no_two_modules_import_each_other():
+    assert import_circles(sources()) == []
+
+
 @pytest.mark.parametrize("module, upper", [("tasks.evaluations", "runner.training.trainer"),
-                                           ("runner.core.spec", "tasks.datasets"),
+                                           ("core.spec", "tasks.datasets"),
                                            ("runner.training.trainer", "experiments"),
-                                           ("runner.inference.model", "runner.training")])
+                                           ("runner.planning.plan", "launch.job"),
+                                           ("runner.inference.model", "runner.training"),
+                                           ("experiments.base", "bench.gpu_bench")])
 def test_an_upward_import_is_found(tmp_path, module, upper):
     """The check fails when the thing it guards is broken: a module given one more import,
     upward, inside a function."""
+    path = (ROOT / module.replace(".", "/")).with_suffix(".py")
     copy = tmp_path / "copy.py"
-    original = (ROOT / module.replace(".", "/")).with_suffix(".py").read_text()
-    copy.write_text(original + f"\n\ndef later():\n    import {upper}  # noqa\n")
-    assert upward_imports([(module, (ROOT / module.replace(".", "/")).with_suffix(".py"))]) == []
+    copy.write_text(path.read_text() + f"\n\ndef later():\n    import {upper}  # noqa\n")
+    assert upward_imports([(module, path)]) == []
     assert [f.split(" imports ")[1] for f in upward_imports([(module, copy)])] == [
         f"{upper} ({package_of(upper)})"]
+
+
+def test_a_circle_is_found(tmp_path):
+    """Two modules of one package that import each other (one of them lazily) are a circle,
+    and so is a longer loop; removing the planted import removes it."""
+    modules = dict(sources())
+    assert import_circles(modules.items()) == []
+    planted = tmp_path / "throughput.py"
+    original = modules["runner.training.throughput"].read_text()
+    planted.write_text(original + "\n\ndef later():\n    from runner.training import trainer  "
+                       "# noqa\n")
+    circles = import_circles({**modules, "runner.training.throughput": planted}.items())
+    assert any({"runner.training.trainer", "runner.training.throughput"} <= set(c)
+               for c in circles), circles

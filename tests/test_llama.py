@@ -9,9 +9,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
-from runner.core.errors import UserError
-from runner.launch import job
+from launch import job
 from tests.helpers import make_trainer, train_losses
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

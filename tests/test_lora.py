@@ -9,11 +9,11 @@ import pytest
 from praxis.layers import linears as praxis_linears
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture, cached_lm, lora
 from layers import attention as fused_attention
 from layers.stack import transformer_layer_template
-from runner.core.errors import UserError
 from runner.state import checkpoints
 from tests.helpers import TINY, make_trainer
 from tests.inference_fixtures import PARAMETER_STD, praxis_logits

@@ -3,8 +3,8 @@
 import jax
 import pytest
 
+from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
-from runner.core.errors import UserError
 
 
 @pytest.mark.parametrize("ici", [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2], [2, 1, 2, 2]])

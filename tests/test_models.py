@@ -11,11 +11,11 @@ from jax.sharding import PartitionSpec as P
 from praxis import pax_fiddle
 from praxis.layers import attentions, normalizations, transformers
 
+from core.errors import UserError
+from core.spec import Evaluation
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers.stack import transformer_layer_template
-from runner.core.errors import UserError
-from runner.core.spec import Evaluation
 from runner.state import checkpoints, partitioning
 from runner.state.train_state import replicated_matrices
 from tests.helpers import TINY, make_trainer, run_steps

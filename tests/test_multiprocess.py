@@ -31,8 +31,8 @@ from pathlib import Path
 import jax
 import pytest
 
+from core.errors import UserError
 from runner.cluster import distributed
-from runner.core.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

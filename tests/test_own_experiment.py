@@ -32,7 +32,7 @@ import fiddle as fdl
 import numpy as np
 
 import experiments
-from runner.core.callbacks import Callback
+from core.callbacks import Callback
 from tasks.packing import make_batch
 
 

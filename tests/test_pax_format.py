@@ -19,10 +19,10 @@ from praxis import pax_fiddle
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import experiments
+from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
-from runner.core.errors import UserError
 from runner.inference.model import abstract_params
 from runner.state import pax_format
 from runner.state.train_state import as_model_batch, praxis_context
@@ -182,7 +182,7 @@ def test_gpt_repeated_pax_checkpoint_gives_gpt2s_logits(gpt_target, gpt_checkpoi
 def test_checkpoint_restore_path_reads_a_pax_job_onto_a_runs_mesh(gpt_target, gpt_checkpoint,
                                                                   tmp_path):
     """CHECKPOINT_RESTORE_PATH=<Pax job directory>: what read_params gives, on [2,2,2]."""
-    from runner.core.spec import InitialWeights
+    from core.spec import InitialWeights
     from runner.state import initial_weights
     from tests.helpers import make_trainer
 

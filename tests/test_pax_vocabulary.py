@@ -10,9 +10,9 @@ from praxis import layers as praxis_layers
 from praxis.layers import activations, attentions, embedding_softmax
 
 import experiments
+from core.errors import UserError
 from experiments.base import BaseExperiment
 from layers.stack import transformer_layer_template
-from runner.core.errors import UserError
 from runner.state import checkpoints
 from tests.helpers import TINY, make_trainer, run_steps
 

@@ -11,11 +11,11 @@ import jax
 import pytest
 
 import experiments
+from core import spec
+from core.errors import UserError
 from experiments.llama import LlamaTiny
 from layers import layer_layout
 from layers.stack import transformer_layer_template
-from runner.core import spec
-from runner.core.errors import UserError
 from runner.state import checkpoints
 from tests.helpers import TINY, make_trainer, run_steps
 

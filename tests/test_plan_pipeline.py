@@ -10,7 +10,7 @@ import re
 import pytest
 
 import experiments
-from runner.core import spec
+from core import spec
 from runner.planning import plan
 from tests.helpers import TINY
 from tests.test_main_cli import run_main

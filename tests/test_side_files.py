@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from runner.core.errors import UserError
-from runner.launch import job
+from core.errors import UserError
+from launch import job
 from runner.training import goodput
 from tests import data_fixtures as fx
 from tests.helpers import TINY

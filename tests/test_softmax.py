@@ -10,11 +10,11 @@ import pytest
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax
 
+from core.errors import UserError
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers import architecture
 from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
-from runner.core.errors import UserError
 from runner.state.train_state import as_model_batch, praxis_context
 from tests.helpers import TINY, make_trainer
 

@@ -10,9 +10,9 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
+from core.callbacks import Callback
+from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
-from runner.core.callbacks import Callback
-from runner.core.errors import UserError
 from runner.training.trainer import Trainer
 from tasks import datasets
 from tasks.text import TextFiles, held_out

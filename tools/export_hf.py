@@ -40,8 +40,8 @@ from absl import flags
 from safetensors.numpy import save_file
 
 import experiments
+from core.errors import UserError
 from layers.architecture import canonical_weights
-from runner.core.errors import UserError
 from runner.inference import model as inference
 from runner.state import hf_format
 from tasks.vocab import Vocabulary

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sentencepiece import sentencepiece_model_pb2
 
-from runner.core.errors import UserError
+from core.errors import UserError
 
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE = 1, 2, 3, 4, 6
 _BPE = 2  # TrainerSpec.model_type

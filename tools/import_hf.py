@@ -24,8 +24,8 @@ import sys
 from absl import flags
 
 import experiments
+from core.errors import UserError
 from layers import architecture
-from runner.core.errors import UserError
 from runner.state import hf_format
 
 FLAGS = flags.FLAGS

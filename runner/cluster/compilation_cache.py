@@ -37,7 +37,7 @@ multi-process CPU job's other processes miss and compile (process 0 still loads)
 import os
 import sys
 
-from runner.core.user_cache import user_cache_dir
+from core.user_cache import user_cache_dir
 
 # Flag values that turn the cache off.
 OFF = ("", "none", "off", "false", "0")

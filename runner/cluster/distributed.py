@@ -30,8 +30,8 @@ import threading
 
 import jax
 
+from core.errors import UserError
 from runner.cluster import roll_call
-from runner.core.errors import UserError
 
 # Cluster environments in which a launcher has started this same command several times.
 _SLURM_STEP_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",

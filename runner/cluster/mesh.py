@@ -19,7 +19,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from runner.core.errors import UserError
+from core.errors import UserError
 
 # (PP, DP, FSDP, TP). Decoder layers are split over stage; model weights are laid out on
 # (data, mdl) and replicated over replica.

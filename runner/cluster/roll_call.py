@@ -14,7 +14,7 @@ import time
 
 from absl import logging
 
-from runner.core.errors import UserError
+from core.errors import UserError
 
 _REPLY_OK = b"ok\n"
 MAX_WAIT_S = 60

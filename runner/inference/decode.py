@@ -10,7 +10,7 @@ A run without a tokenizer (DATASET="synthetic") reads and writes token ids:
 --prompt="5 7 9".
 
 This is the runtime: it sees the run's graph and a DecodeOptions, never the experiment
-(runner/launch/decode.py is the launcher).
+(launch/decode.py is the launcher).
 """
 
 import dataclasses
@@ -21,8 +21,8 @@ import time
 import jax
 import numpy as np
 
-from runner.core.errors import UserError
-from runner.core.log import log
+from core.errors import UserError
+from core.log import log
 from runner.inference import model as inference
 from runner.inference.generate import STOPPED, SamplingOptions, make_generate
 
@@ -90,7 +90,7 @@ class TokenIds:
 
 
 class TextTokenizer:
-    """A text tokenizer (runner.core.data.Tokenizer: SentencePiece, tasks/vocab.py, or a
+    """A text tokenizer (core.data.Tokenizer: SentencePiece, tasks/vocab.py, or a
     Hugging Face tokenizer.json) as decode uses it."""
 
     def __init__(self, tokenizer):

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from core.errors import UserError
 from layers import cached_lm
 from layers.architecture import Architecture, canonical_weights
-from runner.core.errors import UserError
 
 STOPPED = -1  # fills a row's token slots after it has stopped
 

@@ -2,7 +2,7 @@
 its parameters restored from a checkpoint onto a mesh (no optimizer state is read), and
 the tokenizer it was trained with.
 
-Everything comes from the run's Fiddle graph (a runner.core.spec.RunSpec config), never
+Everything comes from the run's Fiddle graph (a core.spec.RunSpec config), never
 from an experiment object: the model, the mesh, the model's sizes (`model_shape`), its
 name and its tokenizer node. No data is read: only those nodes are built, so decoding a
 model trained on The Pile needs no --data_dir.
@@ -19,10 +19,10 @@ from jax.sharding import Mesh, NamedSharding
 from praxis import pax_fiddle
 from praxis.layers import transformers
 
+from core.data import BATCH_DTYPES, Tokenizer
+from core.errors import UserError
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
-from runner.core.data import BATCH_DTYPES, Tokenizer
-from runner.core.errors import UserError
 from runner.state import checkpoints
 from runner.state.train_state import make_init_fn, param_partition_specs
 

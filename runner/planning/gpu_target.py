@@ -26,7 +26,7 @@ import math
 import os
 import sys
 
-from runner.core.errors import UserError
+from core.errors import UserError
 
 # Where `make install` puts the plugin (requirements-plan.txt); PAXLOOM_XLA_GPU_COMPILER
 # names another directory.

@@ -30,9 +30,9 @@ import numpy as np
 from jax.sharding import Mesh
 from praxis import pax_fiddle
 
+from core import spec
+from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
-from runner.core import spec
-from runner.core.errors import UserError
 from runner.planning import gpu_target, hlo_text
 from runner.training import throughput
 

@@ -27,10 +27,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from core.callbacks import Callback, Request, RunInfo, StepInfo
+from core.errors import UserError
+from core.log import log
 from layers import layer_layout
-from runner.core.callbacks import Callback, Request, RunInfo, StepInfo
-from runner.core.errors import UserError
-from runner.core.log import log
 
 # Hyperparameters that decide parameter shapes: recorded so that a mismatch can
 # be explained in the experiment's own terms.

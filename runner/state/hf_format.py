@@ -29,8 +29,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: safetensors' num
 import numpy as np
 from safetensors import safe_open
 
+from core.errors import UserError
 from layers.architecture import Architecture, WeightMismatch, praxis_params
-from runner.core.errors import UserError
 from runner.state.checkpoints import flat_params
 
 GPT2 = "GPT2LMHeadModel"

@@ -14,7 +14,7 @@ path in either spelling: Pax's `params/lm/transformer/x_layers_0/...` or Paxloom
 `lm/transformer/x_layers_0/...` (the path checkpoints, the planner and errors print).
 
 Nothing here writes: the source is opened read-only, and the new run's checkpoints go to
-its own job directory (runner/launch/job.py decides when a run starts from here: only
+its own job directory (launch/job.py decides when a run starts from here: only
 while that directory holds no checkpoint of its own).
 """
 
@@ -24,9 +24,9 @@ import re
 import jax
 import numpy as np
 
-from runner.core.errors import UserError
-from runner.core.log import log
-from runner.core.spec import InitialWeights
+from core.errors import UserError
+from core.log import log
+from core.spec import InitialWeights
 from runner.state import checkpoints
 
 FLAG = "CHECKPOINT_RESTORE_PATH"

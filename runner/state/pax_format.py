@@ -43,10 +43,10 @@ import re
 import numpy as np
 import tensorstore as ts
 
+from core.errors import UserError
+from core.log import log
 from layers import lora
 from layers.architecture import Architecture, Norm
-from runner.core.errors import UserError
-from runner.core.log import log
 from runner.state.checkpoints import flat_params
 
 _STEP_NAME = re.compile(r"checkpoint_(\d+)")  # tmp saves are named differently

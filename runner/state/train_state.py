@@ -14,8 +14,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from praxis import base_layer, py_utils
 
+from core.errors import UserError
 from runner.cluster.mesh import mesh_shape
-from runner.core.errors import UserError
 
 
 def praxis_context(do_eval: bool):

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
-from runner.core.errors import UserError
 
 
 def batch_shards(mesh: Mesh) -> int:

@@ -1,9 +1,9 @@
-"""The built-in training-loop callbacks (runner/core/callbacks.py has the protocol) and the
+"""The built-in training-loop callbacks (core/callbacks.py has the protocol) and the
 list that dispatches to them.
 
 The console and TensorBoard summaries live here; checkpoints (runner/state/checkpoints.py),
 preemption, profiling, W&B and the goodput ledger are callbacks in their own modules. The
-launcher (runner/launch/job.py) decides once which of them a run has.
+launcher (launch/job.py) decides once which of them a run has.
 """
 
 import time
@@ -11,8 +11,8 @@ import time
 import jax
 import numpy as np
 
-from runner.core.callbacks import Callback, Request, RunInfo, StepInfo
-from runner.core.log import format_duration, log
+from core.callbacks import Callback, Request, RunInfo, StepInfo
+from core.log import format_duration, log
 from runner.training.summaries import SummaryWriter
 
 

@@ -16,7 +16,7 @@ import threading
 
 import jax
 
-from runner.core.log import log
+from core.log import log
 
 # The event jax/_src/dispatch.py reports around each backend compilation (jax 0.10, 0.11).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

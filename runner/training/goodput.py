@@ -24,9 +24,9 @@ import os
 import sys
 import time
 
-from runner.core.callbacks import Callback, RunInfo, StepInfo
-from runner.core.errors import UserError
-from runner.core.log import format_duration, log
+from core.callbacks import Callback, RunInfo, StepInfo
+from core.errors import UserError
+from core.log import format_duration, log
 from runner.training import compile_log
 
 PHASES = ("startup", "compile", "productive", "input_wait", "evaluation", "checkpoint")

@@ -25,9 +25,9 @@ import signal
 import jax
 from jax.experimental import multihost_utils
 
-from runner.core.callbacks import Callback, Request, StepInfo
-from runner.core.errors import UserError
-from runner.core.log import log
+from core.callbacks import Callback, Request, StepInfo
+from core.errors import UserError
+from core.log import log
 
 
 def parse_signal(name: str | None) -> signal.Signals | None:

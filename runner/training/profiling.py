@@ -7,9 +7,9 @@ it for ui.perfetto.dev.
 
 import jax
 
-from runner.core.callbacks import Callback, StepInfo
-from runner.core.errors import UserError
-from runner.core.log import log
+from core.callbacks import Callback, StepInfo
+from core.errors import UserError
+from core.log import log
 
 
 def start_server(port: int) -> None:

@@ -12,8 +12,8 @@ import types
 
 import jax
 
-from runner.core.callbacks import Callback
-from runner.core.errors import UserError
+from core.callbacks import Callback
+from core.errors import UserError
 
 # TensorBoard's writer imports TensorFlow whenever it is installed (which `.[tfds]` does),
 # costing seconds, console noise and possibly GPU memory; a `tensorboard.compat.notf`

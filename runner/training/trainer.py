@@ -2,7 +2,7 @@
 
 Phases: mesh and batch layout -> model, optimizer and sharded state -> input
 with prefetch -> loop. What happens around the steps (summaries, checkpoints,
-preemption, profiling, goodput, a user's own) are callbacks (runner/core/callbacks.py)
+preemption, profiling, goodput, a user's own) are callbacks (core/callbacks.py)
 that the loop calls at fixed points. The loop itself never waits for the device; the
 callbacks that read values (summaries, checkpoints) do, at their own steps.
 """
@@ -16,12 +16,12 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from core.callbacks import RunInfo, StepInfo
+from core.data import BATCH_DTYPES
+from core.errors import UserError
+from core.log import log
+from core.spec import RunSpec
 from runner.cluster import mesh as mesh_lib
-from runner.core.callbacks import RunInfo, StepInfo
-from runner.core.data import BATCH_DTYPES
-from runner.core.errors import UserError
-from runner.core.log import log
-from runner.core.spec import RunSpec
 from runner.state import optimizer
 from runner.state.train_state import (
     as_model_batch,
@@ -220,7 +220,7 @@ class Trainer:
 
     def train(self, state=None, input_state: dict | None = None, callbacks=()):
         """Train from `state` (default: freshly initialised) to MAX_STEPS, calling
-        `callbacks` at each point of the loop (runner/core/callbacks.py); returns the final
+        `callbacks` at each point of the loop (core/callbacks.py); returns the final
         state. Nothing here waits for the device: callbacks that read values do."""
         loop = self.run.loop
         callbacks = CallbackList(callbacks)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from runner.core import data
+from core import data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Evaluation:
 
     def check(self) -> None:
         """Raise UserError now, before the run's first step, if this evaluation's data
-        cannot be read (default: its input factory's `check`, runner/core/data.py)."""
+        cannot be read (default: its input factory's `check`, core/data.py)."""
         data.check_input(self.make_input)
 
     def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
@@ -129,7 +129,7 @@ class RunSpec:
     # next_batch(), get_state(), set_state(); None for eval-only experiments.
     make_train_input: Callable[..., Any] | None = None
     evals: list[Evaluation] = dataclasses.field(default_factory=list)
-    # The text tokenizer (runner.core.data.Tokenizer) the data are encoded with, the same
+    # The text tokenizer (core.data.Tokenizer) the data are encoded with, the same
     # object decode and export use; None when the data are token ids (synthetic).
     tokenizer: Any = None
     initial_weights: InitialWeights | None = None  # None: initialised from RANDOM_SEED

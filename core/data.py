@@ -18,7 +18,7 @@ reads is recorded in its graph (fiddle_graph.json) and can be overridden with
 - `train_input(settings)`: an `fdl.Partial` of a factory called as
   `factory(global_batch_size=, process_rows=)` once the mesh is known, returning a
   `TrainInput`; None when the dataset has no training split.
-- `evaluations(settings)`: `fdl.Config`s of runner.core.spec.Evaluation subclasses, whose
+- `evaluations(settings)`: `fdl.Config`s of core.spec.Evaluation subclasses, whose
   `make_input(global_batch_size=, process_rows=)` returns an `EvalInput`.
 - `tokenizer(settings)`: an `fdl.Config` building the `Tokenizer` the text is encoded with
   (evaluations on text, --mode=decode and Hugging Face export use this same node), or None

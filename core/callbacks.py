@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from runner.core.spec import LoopSpec
+from core.spec import LoopSpec
 
 
 @dataclasses.dataclass(frozen=True)

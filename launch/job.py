@@ -13,10 +13,10 @@ from fiddle import printing
 from fiddle.experimental import serialization
 from praxis import pax_fiddle
 
+from core import data, spec
+from core.errors import UserError
+from core.log import log
 from runner.cluster import mesh as mesh_lib
-from runner.core import data, spec
-from runner.core.errors import UserError
-from runner.core.log import log
 from runner.state import checkpoints, initial_weights
 from runner.training import accumulation, goodput, preemption, profiling, summaries
 from runner.training.callbacks import CallbackList, ConsoleSummaries, TensorBoard
@@ -312,7 +312,7 @@ _PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. 0123456789 (x, y) =
 
 
 def tokenizer_fingerprint(tokenizer) -> dict | None:
-    """What identifies a text tokenizer (runner.core.data.Tokenizer) for a checkpoint: its
+    """What identifies a text tokenizer (core.data.Tokenizer) for a checkpoint: its
     size, EOS id and a hash of its encoding of a fixed text; None without one."""
     if tokenizer is None:
         return None

@@ -17,7 +17,7 @@ def run(exp, config: fdl.Config | None, options: DecodeOptions) -> list[dict]:
     if config is None:
         config = exp.run_config(vocab_path=options.vocab_path)
     if config.tokenizer is not None:  # the vocabulary the checkpoints were trained with
-        from runner.launch import job
+        from launch import job
 
         job.check_vocabulary(pax_fiddle.build(config.tokenizer),
                              options.restore_checkpoint_dir or options.job_log_dir,
