@@ -9,7 +9,7 @@ CPU8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 # A new directory each time: a job_log_dir with checkpoints resumes instead of starting over.
 RUN_DIR ?= runs/tiny-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: install install-test run test test-all lint bench clean
+.PHONY: install install-test run test test-all lint docs bench clean
 
 install: $(STAMP)
 install-test: $(TEST_STAMP)
@@ -26,9 +26,10 @@ $(STAMP): requirements.txt requirements-nodeps.txt requirements-plan.txt
 	$(PY) -c "import layers, praxis.layers; print('praxis', 'ok')"
 	touch $(STAMP)
 
-# The tests also need the real clients they check outputs against (requirements-test.txt).
-$(TEST_STAMP): $(STAMP) requirements-test.txt
-	$(PY) -m pip install --quiet -r requirements-test.txt
+# The tests also need the real clients they check outputs against (requirements-test.txt),
+# and MkDocs, whose strict build of docs/ is a test (requirements-docs.txt).
+$(TEST_STAMP): $(STAMP) requirements-test.txt requirements-docs.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt -r requirements-docs.txt
 	touch $(TEST_STAMP)
 
 # The default experiment: a small GPT on the sample corpus built from text on this machine.
@@ -39,11 +40,16 @@ run: $(STAMP)
 # one core, so two workers on a 2-core machine take about 0.6x the time of one.
 TEST_WORKERS ?= 2
 
+# The quick loop: every test but those marked slow. CI runs test-all, slow ones included.
 test: $(TEST_STAMP)
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --durations=25 tests
 
 test-all: $(TEST_STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 tests
+
+# The documentation site, built into site/ (tests/test_docs.py builds it strictly too).
+docs: $(TEST_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -52,4 +58,4 @@ bench: $(STAMP)
 	$(CPU8) $(PY) bench/step_overhead.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

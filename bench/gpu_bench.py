@@ -5,7 +5,9 @@ GPU, and Llama1B, the last three on synthetic data) and each attention implement
 (layers/attention.py: praxis, xla, cudnn, pallas, auto): compile time, steady step time,
 tokens/s, MFU (the README's formula, against runner/training/throughput.py's peak table), peak
 device memory and XLA's own estimate of it, as a table on stdout and a JSON file (a list
-of rows, each with the device kind and the jax and torch versions).
+of rows, each with the device kind and the jax and torch versions), rewritten after each
+row so that a run cut off keeps what it measured. --dry_run only builds each row's
+experiment and graph (bench/gpu_check.sh --dry-run checks its command lines that way).
 
 Every row runs in a fresh child process (`--one CONFIG IMPL`, which prints one JSON line),
 so its peak device memory is its own and not the maximum of the rows before it, and an
@@ -54,48 +56,13 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-# Per experiment: its overrides, and whether its weights are split over the devices (FSDP)
-# or copied to each (data parallelism).
-CONFIGS = {
-    "Synthetic126M": ({}, "dp"),
-    "GPT1_3B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
-    "Synthetic5B": ({"NUM_LAYERS": 8}, "fsdp"),
-    "Llama1B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
-}
-# The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
-TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
-TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,
-            MAX_SEQ_LEN=128, VOCAB_SIZE=512, PERCORE_BATCH_SIZE=1)
+from bench.rows import CONFIGS, HEADER, TORCH_CONFIGS, experiment, format_row  # noqa: E402
+
 # A child's result is the stdout line that starts with this; anything else it prints
 # (the runner's log lines, library warnings) is not parsed.
 ROW_PREFIX = "gpu_bench row: "
 GIB = 2**30
 FP8_GEMM_CALL = "__cublas$lt$matmul$f8"  # XLA's cuBLASLt FP8 GEMM custom call
-
-
-def experiment(name: str, impl: str, *, tiny: bool, devices: int,
-               percore_batch_size: float | None = None, unpacked: bool = False,
-               fp8: bool = False):
-    """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`."""
-    import experiments
-
-    overrides, layout = CONFIGS[name]
-    settings = {
-        **overrides,
-        "ICI_MESH_SHAPE": [devices, 1, 1] if layout == "dp" else [1, devices, 1],
-        "DCN_MESH_SHAPE": [1, 1, 1],
-        "EVAL_BATCHES": 0,
-        **(TINY if tiny else {}),
-    }
-    if impl != "torch":
-        settings["ATTENTION_IMPL"] = impl
-    if unpacked:
-        settings["PACKED_INPUT"] = False
-    if fp8:
-        settings["USE_FP8"] = True
-    if percore_batch_size:
-        settings["PERCORE_BATCH_SIZE"] = percore_batch_size
-    return experiments.resolve(f"experiments.{name}")(**settings)
 
 
 # ----- a child: one row -------------------------------------------------------------
@@ -272,8 +239,7 @@ def run_one(args) -> int:
            "fp8": args.fp8}
     try:
         if impl == "torch":
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import torch_gpt
+            from bench import torch_gpt
 
             exp = experiment(name, impl, tiny=args.tiny, devices=1,
                              percore_batch_size=args.percore_batch_size, unpacked=True)
@@ -328,6 +294,21 @@ def run_probe() -> int:
     return 0
 
 
+def dry_run(args, configs: list[str], impls: list[str]) -> int:
+    """--dry_run: what bench/gpu_check.sh --dry-run asks of this script on a CPU machine,
+    that each row's hyperparameters are valid and its graph builds, in seconds."""
+    for name, impl, fp8 in itertools.product(configs, impls, sorted({False, args.fp8})):
+        try:
+            experiment(name, impl, tiny=bool(args.tiny), devices=1,
+                       percore_batch_size=args.percore_batch_size, unpacked=args.unpacked,
+                       fp8=fp8).run_config()
+        except Exception as e:  # UserError for a bad value, anything else from the graph
+            print(f"error: {name} {impl}{' fp8' if fp8 else ''}: {e}", file=sys.stderr)
+            return 1
+    print(f"dry run: {len(configs) * len(impls) * (1 + args.fp8)} row(s) build")
+    return 0
+
+
 # ----- the parent: a child per row ------------------------------------------------------
 
 
@@ -359,42 +340,6 @@ def child_argv(args, name: str, impl: str, fp8: bool = False) -> list[str]:
     if args.unpacked:
         argv.append("--unpacked")
     return argv
-
-
-HEADER = (f"{'experiment':<14} {'attention':<14} {'gemm':<4} {'packed':<6} {'params':>8} "
-          f"{'batch':>10} {'compile':>8} {'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak':>7} "
-          f"{'XLA est':>7} {'vs torch':>8} {'loss':>7} {'vs bf16':>7} {'f8 GEMMs':>8}")
-DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
-
-
-def format_row(row: dict) -> str:
-    impl = row["attention"]
-    if row.get("resolved") and row["resolved"] != impl:
-        impl = f"{impl}>{row['resolved']}"
-    gemm = "fp8" if row.get("fp8") else DTYPES.get(row.get("fprop_dtype"), "")
-    start = f"{row['experiment']:<14} {impl:<14} {gemm:<4}"
-    if "error" in row:
-        return f"{start} error: {row['error']}"
-    if "skipped" in row:
-        return f"{start} skipped: {row['skipped']}"
-
-    def gib(value):  # a tiny CPU model's few MiB must not print as 0.00G
-        if not value:
-            return "-"
-        return f"{value:.1f}G" if value >= 1 else f"{value * 1024:.0f}M"
-
-    mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
-    ratio = f"x{row['vs_torch']:.2f}" if row.get("vs_torch") else ""
-    vs_bf16 = f"x{row['vs_bf16']:.2f}" if row.get("vs_bf16") else ""
-    loss = f"{row['last_loss']:.4f}" if row.get("last_loss") is not None else ""
-    gemms = (f"{row['fp8_gemms']}/{row['cublas_gemms']}" if row.get("cublas_gemms") is not None
-             else "-")
-    batch = f"{row['global_batch']}x{row['seq_len']}"
-    return (f"{start} {'yes' if row['packed'] else 'no':<6} {row['params'] / 1e6:>7.1f}M "
-            f"{batch:>10} {row['compile_s']:>7.1f}s {row['step_s'] * 1e3:>7.1f}ms "
-            f"{row['tokens_per_s']:>11,.0f} {mfu:>6} {gib(row.get('peak_memory_gib')):>7} "
-            f"{gib(row.get('xla_memory_gib')):>7} {ratio:>8} {loss:>7} {vs_bf16:>7} "
-            f"{gemms:>8}")
 
 
 def fp8_summary(pairs: list[tuple[dict, dict]]) -> list[str]:
@@ -448,6 +393,10 @@ def main() -> int:
                         help="run one row in this process and print it as JSON (IMPL 'torch': "
                              "the PyTorch peer)")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dry_run", action="store_true",
+                        help="only build every row's experiment and graph (one device, full "
+                             "shapes unless --tiny) and measure nothing: bench/gpu_check.sh "
+                             "--dry-run checks its command lines this way on CPU")
     args = parser.parse_args()
     if args.probe:
         return run_probe()
@@ -463,6 +412,8 @@ def main() -> int:
         if args.tiny is None:
             args.tiny = not on_accelerator(args.one[1])
         return run_one(args)
+    if args.dry_run:
+        return dry_run(args, configs, impls)
 
     # Without preallocation, the probe's look at the GPU is quick and leaves nothing behind.
     probe = child(["--probe"], 300, env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
@@ -482,13 +433,27 @@ def main() -> int:
           f"({max(args.loss_steps, 1 + args.warmup + args.steps)} in all)")
     print(HEADER)
     rows, fp8_pairs = [], []
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+
+    def record(row: dict) -> None:
+        """Print the row and rewrite the JSON file with every row so far: a run cut off
+        (bench/gpu_check.sh's time limit) keeps the rows it finished."""
+        print(format_row(row), flush=True)
+        rows.append(row)
+        torch_version = next((r["torch"] for r in rows if r.get("torch")), None)
+        for done in rows:
+            done.setdefault("device", probe["device"])
+            done.setdefault("devices", probe["devices"])
+            done.update(jax=probe["jax"], torch=torch_version, tiny=args.tiny)
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
     for name in configs:
         peer = None
         if run_torch and name in TORCH_CONFIGS:
             peer = {"experiment": name, "attention": "torch",
                     **child(child_argv(args, name, "torch"), args.timeout)}
-            print(format_row(peer), flush=True)
-            rows.append(peer)
+            record(peer)
             if "error" in peer or "skipped" in peer:
                 peer = None
         for impl in impls:
@@ -497,28 +462,18 @@ def main() -> int:
             if peer is not None and "error" not in row:
                 # Per device: the torch peer runs on one.
                 row["vs_torch"] = row["tokens_per_s"] / row["devices"] / peer["tokens_per_s"]
-            print(format_row(row), flush=True)
-            rows.append(row)
+            record(row)
             if args.fp8:
                 fp8 = {"experiment": name, "attention": impl,
                        **child(child_argv(args, name, impl, fp8=True), args.timeout)}
                 if "error" not in fp8 and "error" not in row:
                     fp8["vs_bf16"] = fp8["tokens_per_s"] / row["tokens_per_s"]
                     fp8["loss_delta"] = fp8["last_loss"] - row["last_loss"]
-                print(format_row(fp8), flush=True)
-                rows.append(fp8)
+                record(fp8)
                 fp8_pairs.append((row, fp8))
     if fp8_pairs:
         print("FP8 against bfloat16 (MFU of both against the bfloat16 dense peak):")
         print("\n".join(fp8_summary(fp8_pairs)))
-    torch_version = next((r["torch"] for r in rows if r.get("torch")), None)
-    for row in rows:
-        row.setdefault("device", probe["device"])
-        row.setdefault("devices", probe["devices"])
-        row.update(jax=probe["jax"], torch=torch_version, tiny=args.tiny)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(rows, f, indent=2)
     print(f"wrote {args.json}")
     return 0
 

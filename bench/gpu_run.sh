@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Run THERE (the GPU machine, from the repository root, with .whl/ carried from
-# bench/gpu_wheels.sh): installs the carried wheels beside the machine's own jax, checks
-# that Paxloom imports, runs the GPU-relevant tests (every attention implementation against
-# praxis, short trainings of both families with each), trains and decodes a small Llama
-# through main.py with the default settings, times the attention kernels, runs the
-# benchmark, then compares FP8 with bfloat16 (raw GEMMs, then Synthetic5B cut to 8 layers
-# and GPT1_3B at batch 4, 100 steps of each precision: an estimated 9-13 minutes on one H100).
+# The long GPU measurement, with no time box; bench/gpu_check.sh is the 9-minute check to
+# run first on a lent machine (docs/guides/gpu_check.md). Run THERE (the GPU machine, from
+# the repository root, with .whl/ carried from bench/gpu_wheels.sh): installs the carried
+# wheels beside the machine's own jax, checks that Paxloom imports, runs the GPU-relevant
+# tests (every attention implementation against praxis, short trainings of both families
+# with each), trains and decodes a small Llama through main.py with the default settings,
+# times the attention kernels, runs the benchmark, then compares FP8 with bfloat16 (raw
+# GEMMs, then Synthetic5B cut to 8 layers and GPT1_3B at batch 4, 100 steps of each
+# precision: an estimated 9-13 minutes on one H100).
 # Extra arguments go to the first bench/gpu_bench.py run; logs and JSON land in $OUT (or
 # runs/). GPU_RUN_PARTS picks parts (default "tests train kernels bench fp8"), so that each
 # fits a 10-minute command; FP8_CONFIGS picks the FP8 comparison's experiments.

@@ -35,8 +35,9 @@ import sys
 import time
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_bench, beside this
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runner
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # runner, bench
+
+from bench.rows import HEADER, TORCH_CONFIGS, experiment, format_row  # noqa: E402
 
 GIB = 2**30
 AUTOCAST_DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}  # FPROP_DTYPE -> torch's
@@ -205,11 +206,9 @@ def measure(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
 
 
 def main() -> int:
-    import gpu_bench
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="Synthetic126M",
-                        help=f"one of {', '.join(gpu_bench.TORCH_CONFIGS)}")
+                        help=f"one of {', '.join(TORCH_CONFIGS)}")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--percore_batch_size", type=float, default=None)
@@ -217,19 +216,19 @@ def main() -> int:
                         help="2 layers x 64 (default without a GPU)")
     parser.add_argument("--peak_tflops", type=float, default=0.0)
     args = parser.parse_args()
-    if args.config not in gpu_bench.TORCH_CONFIGS:
-        parser.error(f"--config: one of {', '.join(gpu_bench.TORCH_CONFIGS)}")
+    if args.config not in TORCH_CONFIGS:
+        parser.error(f"--config: one of {', '.join(TORCH_CONFIGS)}")
     torch = import_torch()
     if torch is None:
         print("torch is not installed; skipping the PyTorch peer")
         return 0
     tiny = not torch.cuda.is_available() if args.tiny is None else args.tiny
-    exp = gpu_bench.experiment(args.config, "torch", tiny=tiny, devices=1,
-                               percore_batch_size=args.percore_batch_size, unpacked=True)
+    exp = experiment(args.config, "torch", tiny=tiny, devices=1,
+                     percore_batch_size=args.percore_batch_size, unpacked=True)
     row = {"experiment": args.config, "attention": "torch", "tiny": tiny,
            **measure(exp, args.steps, args.warmup, args.peak_tflops)}
-    print(gpu_bench.HEADER)
-    print(gpu_bench.format_row(row))
+    print(HEADER)
+    print(format_row(row))
     print(json.dumps(row))
     return 0
 

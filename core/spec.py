@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from core import data
+from core import batch, data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +25,15 @@ class MeshSpec:
 def mesh_size(mesh) -> list[int]:
     """The whole mesh along each axis: ICI x DCN (a MeshSpec or its fdl.Config)."""
     return [i * d for i, d in zip(mesh.ici_mesh_shape, mesh.dcn_mesh_shape, strict=True)]
+
+
+def batch_layout(run, check: bool = True) -> batch.BatchLayout:
+    """The batch layout a run (a RunSpec or its fdl.Config) trains with (core/batch.py)."""
+    pipeline = run.pipeline
+    return batch.layout(run.loop.percore_batch_size, mesh_size(run.mesh),
+                        run.loop.gradient_accumulation_steps,
+                        num_microbatches=None if pipeline is None else pipeline.num_microbatches,
+                        check=check)
 
 
 @dataclasses.dataclass(frozen=True)

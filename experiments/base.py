@@ -22,8 +22,11 @@ if typing.TYPE_CHECKING:
     from praxis import pax_fiddle
 
     from core import data
+    from core.target import TargetDevice
 
+from core import batch
 from core.errors import UserError, near_matches
+from core.mesh_axes import with_stage_axis
 
 # Allowed values of the string hyperparameters that name a choice.
 CHOICES = {
@@ -369,6 +372,15 @@ class BaseExperiment:
         return math.prod(shape[0] for shape in (self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE)
                          if len(shape) == 4)
 
+    def batch_layout(self) -> batch.BatchLayout:
+        """Global batch, sub-batches and microbatches on this mesh (core/batch.py), or
+        UserError naming what to change."""
+        mesh = [i * d for i, d in zip(with_stage_axis(self.ICI_MESH_SHAPE),
+                                      with_stage_axis(self.DCN_MESH_SHAPE), strict=True)]
+        return batch.layout(self.PERCORE_BATCH_SIZE, mesh, self.GRADIENT_ACCUMULATION_STEPS,
+                            num_microbatches=self.NUM_MICROBATCHES,
+                            microbatch_size=self.MICROBATCH_SIZE)
+
     def _validate_pipeline(self) -> None:
         """The pipeline hyperparameters against each other, the layers and the batch (the
         batch of one sub-batch: GLOBAL_BATCH_SIZE / GRADIENT_ACCUMULATION_STEPS)."""
@@ -390,26 +402,12 @@ class BaseExperiment:
             raise UserError(f"a pipelined mesh ({stages} stages) needs exactly one of "
                             f"NUM_MICROBATCHES or MICROBATCH_SIZE, e.g. "
                             f"--fdl.NUM_MICROBATCHES={2 * stages}")
-        devices = math.prod(self.ICI_MESH_SHAPE) * math.prod(self.DCN_MESH_SHAPE)
-        batch = self.PERCORE_BATCH_SIZE * devices / self.GRADIENT_ACCUMULATION_STEPS
-        if batch != int(batch):  # the runtime names the whole-batch errors
-            return
-        batch = int(batch)
-        what = (f"the batch of {batch} sequences (PERCORE_BATCH_SIZE={self.PERCORE_BATCH_SIZE}"
-                f" x {devices} devices / GRADIENT_ACCUMULATION_STEPS="
-                f"{self.GRADIENT_ACCUMULATION_STEPS})")
-        name, value = (("NUM_MICROBATCHES", self.NUM_MICROBATCHES) if self.MICROBATCH_SIZE is None
-                       else ("MICROBATCH_SIZE", self.MICROBATCH_SIZE))
-        if value < 1 or batch % value:
-            raise UserError(f"{name}={value} does not divide {what}; pick a divisor of {batch}")
-        microbatches = value if name == "NUM_MICROBATCHES" else batch // value
-        shards = math.prod(
-            (self.ICI_MESH_SHAPE[-3:][i] * self.DCN_MESH_SHAPE[-3:][i]) for i in (0, 1))
-        if (batch // microbatches) % shards:
-            raise UserError(
-                f"{name}={value} makes microbatches of {batch // microbatches} sequences, which "
-                f"do not split over the {shards} replica x data shards of each stage; use "
-                f"fewer, larger microbatches")
+        try:
+            microbatches = self.batch_layout().num_microbatches
+        except batch.ScheduleError:
+            raise
+        except UserError:
+            return  # a batch that does not split: the runtime says so, with the devices it has
         if repeat > 1 and microbatches < stages:
             raise UserError(f"the circular schedule (CIRCULAR_REPEAT={repeat}) needs at least "
                             f"as many microbatches as stages: {microbatches} < {stages}")
@@ -523,19 +521,19 @@ class BaseExperiment:
         return []
 
     def run_config(self, data_dir: str | None = None, vocab_path: str | None = None,
-                   cache_dir: str | None = None, plan_for_hopper: bool | None = None
+                   cache_dir: str | None = None, target: "TargetDevice | None" = None
                    ) -> fdl.Config:
         """The whole run as a Fiddle graph (see experiments/run_graph.py).
 
         `data_dir`, `vocab_path` and `cache_dir` (tokenized data) say where this machine
         keeps the data; they are not hyperparameters, so they come from flags.
-        `plan_for_hopper` (--mode=plan): choose the attention kernel for a GPU, Hopper or
-        newer or not, instead of for this machine.
+        `target` (core/target.py): the devices to build for, this process's by default
+        (--mode=plan passes the GPU it plans for).
         """
         from experiments import run_graph
 
         return run_graph.build_run_config(self, data_dir=data_dir, vocab_path=vocab_path,
-                                          cache_dir=cache_dir, plan_for_hopper=plan_for_hopper)
+                                          cache_dir=cache_dir, target=target)
 
     @classmethod
     def command(cls) -> str:

@@ -4,32 +4,32 @@ Everything the run will do is visible in this graph before it starts: main.py
 writes it to job_log_dir and `--print_config` shows it.
 """
 
-import math
 
 import fiddle as fdl
-import jax
 
 from core import spec
 from core.errors import UserError
 from core.log import log
+from core.mesh_axes import with_stage_axis
+from core.target import TargetDevice, this_process
 from layers import attention, fp8, lora, stack
 from layers.stack import transformer_layer_template
-from runner.cluster.mesh import with_stage_axis
 from runner.state import optimizer, partitioning
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,
-                     cache_dir: str | None = None, plan_for_hopper: bool | None = None
+                     cache_dir: str | None = None, target: TargetDevice | None = None
                      ) -> fdl.Config:
+    target = target or this_process()
     mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=with_stage_axis(exp.ICI_MESH_SHAPE),
                       dcn_mesh_shape=with_stage_axis(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; the pipeline stages and the sharding for the
     # mesh come last, once.
-    model = _with_attention_impl(exp, exp.model_template(), plan_for_hopper)
+    model = _with_attention_impl(exp, exp.model_template(), target)
     if exp.USE_LORA:
         model = _with_lora(exp, model)
     if exp.USE_FP8:
-        model = _with_fp8(model, plan_for_hopper)
+        model = _with_fp8(model, target)
     pipeline = _pipeline(exp)
     if pipeline is not None:
         model.lm_tpl.stacked_transformer_tpl = stack.pipelined(
@@ -98,12 +98,8 @@ def _pipeline(exp) -> fdl.Config | None:
     stages = exp.num_stages()
     if stages == 1:
         return None
-    microbatches = exp.NUM_MICROBATCHES
-    if microbatches is None:
-        devices = math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE)
-        sub_batch = round(exp.PERCORE_BATCH_SIZE * devices) // exp.GRADIENT_ACCUMULATION_STEPS
-        microbatches = sub_batch // exp.MICROBATCH_SIZE
-    return fdl.Config(spec.PipelineSpec, num_stages=stages, num_microbatches=microbatches,
+    return fdl.Config(spec.PipelineSpec, num_stages=stages,
+                      num_microbatches=exp.batch_layout().num_microbatches,
                       circular_repeat=exp.CIRCULAR_REPEAT)
 
 
@@ -122,24 +118,21 @@ def _initial_weights(exp) -> fdl.Config | None:
     return fdl.Config(spec.InitialWeights, path=exp.CHECKPOINT_RESTORE_PATH, ignore_rules=rules)
 
 
-def _with_fp8(model, plan_for_hopper: bool | None):
-    """The template with FP8 matmuls (layers/fp8.py), where the platform has FP8 tensor
+def _with_fp8(model, target: TargetDevice):
+    """The template with FP8 matmuls (layers/fp8.py), where the target has FP8 tensor
     cores (compute capability 8.9: Ada, Hopper and newer); on a CPU, for tests, with a
     note that it is emulated. A plan for a GPU without them (an A100: --plan_device) is
     refused as the run would be."""
-    if plan_for_hopper is False:  # the plannable GPUs other than H100/H200 are A100s (8.0)
-        raise UserError("USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer) and the "
-                        "planned A100 has none: plan with --plan_device=h100 or h200, or set "
-                        "--fdl.USE_FP8=False")
-    if plan_for_hopper is None:
-        platform = jax.default_backend()
-        if platform == "gpu" and not fp8.has_fp8_tensor_cores(jax.devices()):
-            kind = jax.devices()[0].device_kind
-            raise UserError(f"USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer); "
-                            f"this {kind} has none: set --fdl.USE_FP8=False")
-        if platform != "gpu":
-            log(f"USE_FP8 on {platform}: FP8 numerics are emulated, slowly (for tests); "
-                f"it is a speed-up only on GPUs with FP8 tensor cores")
+    if target.platform == "gpu" and not target.fp8_tensor_cores:
+        if target.planned:
+            raise UserError(f"USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer) and "
+                            f"the planned {target.kind} has none: plan with "
+                            f"--plan_device=h100 or h200, or set --fdl.USE_FP8=False")
+        raise UserError(f"USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer); "
+                        f"this {target.kind} has none: set --fdl.USE_FP8=False")
+    if target.platform != "gpu":
+        log(f"USE_FP8 on {target.platform}: FP8 numerics are emulated, slowly (for tests); "
+            f"it is a speed-up only on GPUs with FP8 tensor cores")
     return fp8.use_fp8(model)
 
 
@@ -152,15 +145,11 @@ def _with_lora(exp, model):
         raise UserError(f"USE_LORA: {e}") from None
 
 
-def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
+def _with_attention_impl(exp, model, target: TargetDevice):
     """The template with ATTENTION_IMPL's attention (layers/attention.py), decided here,
-    before tracing, because it depends on the platform the run will trace for: this
-    process's, or (`plan_for_hopper` not None) the GPU that --mode=plan plans for."""
-    if plan_for_hopper is None:
-        platform = jax.default_backend()
-        hopper = platform == "gpu" and attention.hopper_or_newer(jax.devices())
-    else:
-        platform, hopper = "gpu", plan_for_hopper
+    before tracing, because it depends on the devices the run will trace for: this
+    process's, or the GPU that --mode=plan plans for."""
+    platform, hopper = target.platform, target.hopper_or_newer
     dropout = exp.DROPOUT_PROB if exp.ATTEN_DROPOUT_PROB is None else exp.ATTEN_DROPOUT_PROB
     # The fused kernels have no logit cap (validate refuses naming one with ATTEN_LOGIT_CAP).
     choice = "praxis" if exp.ATTEN_LOGIT_CAP > 0 else exp.ATTENTION_IMPL
@@ -172,7 +161,7 @@ def _with_attention_impl(exp, model, plan_for_hopper: bool | None):
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(
             layer, impl, hopper_or_newer=hopper,
-            pallas_interpret=plan_for_hopper is None and platform != "gpu")
+            pallas_interpret=not target.planned and platform != "gpu")
     except ValueError as e:
         raise UserError(str(e)) from None
     note = attention.packed_gqa_note(layer)

@@ -7,6 +7,7 @@ model, the mesh, the sizes in `model_shape`, the run's `name` and its `tokenizer
 import fiddle as fdl
 from praxis import pax_fiddle
 
+from launch import record
 from runner.inference import decode
 from runner.inference.decode import DecodeOptions
 
@@ -17,9 +18,7 @@ def run(exp, config: fdl.Config | None, options: DecodeOptions) -> list[dict]:
     if config is None:
         config = exp.run_config(vocab_path=options.vocab_path)
     if config.tokenizer is not None:  # the vocabulary the checkpoints were trained with
-        from launch import job
-
-        job.check_vocabulary(pax_fiddle.build(config.tokenizer),
-                             options.restore_checkpoint_dir or options.job_log_dir,
-                             options.vocab_path)
+        record.check_vocabulary(pax_fiddle.build(config.tokenizer),
+                                options.restore_checkpoint_dir or options.job_log_dir,
+                                options.vocab_path)
     return decode.run(config, options)

@@ -36,6 +36,8 @@ from jax.sharding import PartitionSpec as P
 from praxis import base_layer, py_utils
 from praxis.layers import attentions, multi_query_attention
 
+from core import target
+
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "auto")
 # cuDNN's packed layout with fewer key/value heads than query heads computed key/value
 # offsets with the query head count until jax PR #39521 (2026-07-30), first released in
@@ -390,11 +392,6 @@ def packed_gqa_note(layer: fdl.Config) -> str | None:
     return None
 
 
-def compute_capability(device) -> tuple[int, ...]:
-    """A GPU device's compute capability, e.g. (9, 0); (0,) for a device without one."""
-    return tuple(int(x) for x in str(getattr(device, "compute_capability", "0")).split("."))
-
-
 def hopper_or_newer(devices) -> bool:
     """Whether every one of these GPU devices has compute capability 9.0 or more."""
-    return all(compute_capability(d) >= (9, 0) for d in devices)
+    return target.of_devices(devices).hopper_or_newer

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax.linen import fp8_ops
 from praxis import base_layer, pax_fiddle
 
-from layers.attention import compute_capability
+from core import target
 from layers.stack import transformer_layer_template
 
 # Transformer Engine's and praxis's default (praxis injection.fp8_nvidia_gpu).
@@ -78,7 +78,7 @@ class Fp8Einsum(base_layer.BaseLayer):
 
 def has_fp8_tensor_cores(devices) -> bool:
     """Whether every one of these GPU devices has compute capability 8.9 (Ada) or more."""
-    return all(compute_capability(d) >= (8, 9) for d in devices)
+    return target.of_devices(devices).fp8_tensor_cores
 
 
 def use_fp8(model: pax_fiddle.Config) -> pax_fiddle.Config:

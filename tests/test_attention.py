@@ -18,7 +18,8 @@ from experiments.llama import LlamaBase
 from layers import attention
 from runner.state import checkpoints
 from runner.state.train_state import praxis_context
-from tests.helpers import TINY, make_trainer, train_losses
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer, train_losses
 
 B, T, D, N, H = 2, 64, 32, 4, 8
 ON_GPU = jax.default_backend() == "gpu"

@@ -16,20 +16,15 @@ import pytest
 from core.errors import UserError
 from launch import job
 from runner.state import checkpoints
-from tests.helpers import TINY
+from tests.support.processes import assert_one_line, run_main
+from tests.support.tiny import tiny_flags
 from tests.test_checkpoints import JOB, run_job
-from tests.test_main_cli import run_main
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-TINY_FLAGS = [f"--fdl.{k}={v!r}" for k, v in {**JOB, "MAX_STEPS": 4, "CHECKPOINT_EVERY_N_STEPS": 2,
-                                               "SUMMARY_INTERVAL_STEPS": 2}.items()]
-
-
-def assert_one_line(out, message: str, status: int = 2):
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == status and len(lines) == 1, out.stderr[-3000:]
-    assert message in lines[0], lines[0]
+# tests/test_checkpoints.py's JOB, shorter.
+TINY_FLAGS = tiny_flags(ICI_MESH_SHAPE=[1, 8, 1], SUMMARY_INTERVAL_STEPS=2, MAX_STEPS=4,
+                        CHECKPOINT_EVERY_N_STEPS=2)
 
 
 @contextlib.contextmanager
@@ -164,7 +159,7 @@ def _exp(**overrides):
      "is neither a Paxloom run or checkpoint, a Hugging Face model directory"),
 ])
 def test_config_and_data_mistakes_are_one_line(tmp_path, args, message):
-    flags = [f"--fdl.{k}={v!r}" for k, v in TINY.items() if k != "DATASET"]
+    flags = tiny_flags(DATASET=None)
     out = run_main("--fdl_config=experiments.Tiny", *flags, *args,
                    f"--job_log_dir={tmp_path / 'job'}")
     assert_one_line(out, message)

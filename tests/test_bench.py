@@ -2,24 +2,18 @@
 for a script that measures GPUs)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.data_fixtures import REPO_ROOT
+from tests.support.processes import run_python
 
 
 @pytest.mark.slow  # 15-25 s on 2 cores: three fresh processes
 def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     """bench/gpu_bench.py's CPU mode (tiny shapes): a row with figures per implementation."""
-    out = subprocess.run(
-        [sys.executable, "bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
-         "--impls=praxis,xla",  # Pallas runs interpreted in tests/test_attention.py
-         f"--json={tmp_path / 'bench.json'}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ))  # conftest: 8 CPU devices
+    out = run_python("bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
+                     "--impls=praxis,xla",  # Pallas runs interpreted in tests/test_attention.py
+                     f"--json={tmp_path / 'bench.json'}", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "bench.json").read_text())
     assert [row["attention"] for row in rows] == ["praxis", "xla"]
@@ -35,10 +29,9 @@ def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
 def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
     """--fp8: each row then its USE_FP8 twin, with the speed ratio and both losses after
     --loss_steps steps; bench/fp8_gemm.py's CPU mode prints every variant."""
-    out = subprocess.run(
-        [sys.executable, "bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
-         "--impls=praxis", "--fp8", "--loss_steps=6", f"--json={tmp_path / 'bench.json'}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    out = run_python("bench/gpu_bench.py", "--configs=Synthetic126M", "--steps=2",
+                     "--impls=praxis", "--fp8", "--loss_steps=6",
+                     f"--json={tmp_path / 'bench.json'}", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     base, fp8 = json.loads((tmp_path / "bench.json").read_text())
     assert "error" not in base and "error" not in fp8, (base, fp8)
@@ -47,8 +40,7 @@ def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
     assert fp8["vs_bf16"] > 0 and abs(fp8["loss_delta"]) < 0.05
     assert fp8["params"] > base["params"]  # the scaling state is parameters
     assert "FP8 against bfloat16" in out.stdout and "loss after 6 steps" in out.stdout
-    gemm = subprocess.run([sys.executable, "bench/fp8_gemm.py", "--tiny"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    gemm = run_python("bench/fp8_gemm.py", "--tiny", timeout=600)
     assert gemm.returncode == 0, gemm.stderr[-2000:]
     assert "failed" not in gemm.stdout
     assert gemm.stdout.count("flax delayed fwd+bwd") == 3  # square + two model shapes

@@ -19,8 +19,8 @@ from core.errors import UserError
 from launch import job
 from tasks import boolq, datasets
 from tasks.tokenizer import load_tokenizer
-from tests.data_fixtures import make_docs, train_hf_tokenizer
-from tests.helpers import TINY
+from tests.support.data import make_docs, train_hf_tokenizer
+from tests.support.tiny import TINY
 
 SEQ_LEN = 64
 
@@ -44,11 +44,22 @@ def write_jsonl(path, records):
     return path
 
 
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
+def yes_no_tokenizer(tmp_path_factory, vocab_size: int = 400):
     """A byte-level BPE tokenizer.json in which 'yes' and 'no' are single tokens."""
     texts = make_docs(100, seed=3) + ["yes", "no"] * 1000
-    return train_hf_tokenizer(tmp_path_factory.mktemp("tok"), texts, vocab_size=400)
+    return train_hf_tokenizer(tmp_path_factory.mktemp("tok"), texts, vocab_size=vocab_size)
+
+
+def write_boolq(root):
+    """A data_dir with boolq/train.jsonl (TRAIN) and boolq/dev.jsonl (DEV)."""
+    write_jsonl(root / "boolq" / "train.jsonl", TRAIN)
+    write_jsonl(root / "boolq" / "dev.jsonl", DEV)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+    return yes_no_tokenizer(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +69,7 @@ def tokenizer(tokenizer_path):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    write_jsonl(root / "boolq" / "train.jsonl", TRAIN)
-    write_jsonl(root / "boolq" / "dev.jsonl", DEV)
-    return root
+    return write_boolq(tmp_path_factory.mktemp("data"))
 
 
 def eval_input(data_dir, tokenizer, batch_size=4, process_rows=(0, 4), seq_len=SEQ_LEN, **kw):

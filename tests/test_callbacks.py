@@ -5,7 +5,7 @@ import pytest
 
 from core.callbacks import Callback, Request
 from runner.training.callbacks import ConsoleSummaries
-from tests.helpers import make_trainer
+from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

@@ -14,8 +14,9 @@ from layers import layer_layout as ll
 from runner.inference import decode
 from runner.inference import model as inference
 from runner.state import checkpoints
-from tests.helpers import TINY, make_trainer
-from tests.inference_fixtures import greedy_reference, save_job
+from tests.support.inference import greedy_reference, save_job
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

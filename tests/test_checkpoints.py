@@ -22,7 +22,8 @@ from runner.state import checkpoints
 from runner.training import preemption
 from runner.training.callbacks import NonFiniteLossError
 from runner.training.trainer import Trainer
-from tests.helpers import TINY, make_trainer
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 JOB = dict(TINY, ICI_MESH_SHAPE=[1, 8, 1], SUMMARY_INTERVAL_STEPS=1, MAX_STEPS=8,
            CHECKPOINT_EVERY_N_STEPS=4)

@@ -13,7 +13,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,51 +23,42 @@ import numpy as np
 import pytest
 
 from runner.state import checkpoints
-from tests.helpers import tree_digest
+from tests.support.files import tree_digest
+from tests.support.processes import (
+    TIMEOUT_S,
+    free_port,
+    isolated_env,
+    kill_group,
+    session_env,
+    start_main,
+    start_python,
+    wait_or_kill,
+)
+from tests.support.tiny import fdl_flags
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_S = 300  # one main.py run; 10-40 s on 2 idle cores
 # experiments.Tiny (the sample corpus through the real text input pipeline, whose position
 # the checkpoints record), smaller and without evaluations.
 SMALL = dict(MAX_SEQ_LEN=64, ICI_MESH_SHAPE=[1, 8, 1], PERCORE_BATCH_SIZE=1, LAMBADA_EVAL=False,
              EVAL_INTERVAL_STEPS=0)
 
 
-def fdl_args(**hparams) -> list[str]:
-    return [f"--fdl.{k}={v!r}" for k, v in hparams.items()]
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """8 fake CPU devices, cheap CPU compilation (same maths in every run), and a compilation
     cache shared by this module's runs, so only the first one compiles."""
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))},
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-                     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-        "JAX_PLATFORMS": "cpu",
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-    }
+    return isolated_env(8, compilation_cache=str(tmp_path_factory.mktemp("jax_cache")))
 
 
 def start(job_dir: Path, env: dict, *flags: str, **hparams) -> subprocess.Popen:
     job_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-u", str(REPO_ROOT / "main.py"), "--fdl_config=experiments.Tiny",
-               f"--job_log_dir={job_dir}", *flags,
-               *fdl_args(**{**SMALL, **hparams})]
     with open(job_dir / "stdout.txt", "a") as out, open(job_dir / "stderr.txt", "a") as err:
-        return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=err,
-                                start_new_session=True)
+        return start_main("--fdl_config=experiments.Tiny", f"--job_log_dir={job_dir}", *flags,
+                          *fdl_flags(**{**SMALL, **hparams}), env=env, stdout=out, stderr=err,
+                          start_new_session=True)
 
 
 def finish(proc: subprocess.Popen, job_dir: Path) -> tuple[int, str, str]:
-    try:
-        code = proc.wait(TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    code = wait_or_kill(proc)
     return code, (job_dir / "stdout.txt").read_text(), (job_dir / "stderr.txt").read_text()
 
 
@@ -193,25 +183,18 @@ def test_nonfinite_loss_exits_3_with_one_line_and_keeps_good_checkpoints(tmp_pat
 # ----- several processes agree on the step ------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_processes_stop_at_one_step_when_one_is_signalled(tmp_path, sig):
     port = free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    env = session_env(JAX_PLATFORMS="cpu", XLA_FLAGS="")
     procs, logs = [], []
     for i in range(2):
         logs.append(tmp_path / f"process{i}.txt")
         with open(logs[i], "w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-u", "-m", "tests.test_checkpoints_process", "--worker",
-                 f"--port={port}", f"--host_idx={i}"],
-                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            procs.append(start_python(
+                "-u", "-m", "tests.test_checkpoints_process", "--worker", f"--port={port}",
+                f"--host_idx={i}", env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True))
     try:
         for i in range(2):
@@ -220,9 +203,7 @@ def test_processes_stop_at_one_step_when_one_is_signalled(tmp_path, sig):
         codes = [p.wait(TIMEOUT_S) for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            kill_group(p)
     texts = [log.read_text() for log in logs]
     assert codes == [0, 0], texts
     stops = [re.search(r"^stop at (\d+)$", t, re.M) for t in texts]
@@ -249,9 +230,7 @@ def test_main_py_processes_save_one_step_when_one_gets_sigterm(tmp_path, env):
         results = [finish(p, tmp_path / f"process{i}") for i, p in enumerate(procs)]
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            kill_group(p)
     assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
     out = results[0][1]
     stopped = int(re.search(r"^step (\d+): SIGTERM received; saving", out, re.M).group(1))

@@ -6,14 +6,12 @@ Every cache here is under tmp_path: none of these runs writes into the user's ~/
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from runner.cluster import compilation_cache
-from tests.data_fixtures import REPO_ROOT
-from tests.test_main_cli import TINY_FLAGS
+from tests.support.processes import run_main
+from tests.support.tiny import model_flags
 
 
 @pytest.mark.parametrize("flag, environ, expected", [
@@ -56,15 +54,13 @@ def test_enable_sets_jax_up_and_leaves_the_users_settings(tmp_path):
             jax.config.update(name, value)
 
 
-def main_py(job_dir, env, *flags):
-    command = [sys.executable, "main.py", "--fdl_config=experiments.Synthetic126M", *TINY_FLAGS,
-               "--fdl.MAX_STEPS=2", "--fdl.ICI_MESH_SHAPE=[8,1,1]", "--fdl.PERCORE_BATCH_SIZE=1",
-               "--noeval_on_test", "--enable_checkpoint_saving=false", f"--job_log_dir={job_dir}",
-               *flags]
-    out = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+def two_steps(job_dir, env, *flags) -> str:
+    """main.py's output of two steps of the tiny model (as tests/test_main_cli.py's TINY_FLAGS)."""
+    return run_main("--fdl_config=experiments.Synthetic126M",
+                    *model_flags(NUM_HEADS=4, DIMS_PER_HEAD=16), "--fdl.MAX_STEPS=2",
+                    "--fdl.ICI_MESH_SHAPE=[8,1,1]", "--fdl.PERCORE_BATCH_SIZE=1",
+                    "--noeval_on_test", "--enable_checkpoint_saving=false",
+                    f"--job_log_dir={job_dir}", *flags, env=env, check=True).stdout
 
 
 def test_a_second_start_loads_what_the_first_compiled(tmp_path):
@@ -73,14 +69,15 @@ def test_a_second_start_loads_what_the_first_compiled(tmp_path):
     # Cache whatever compiles, however fast this machine compiles it.
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     # The default directory: under $XDG_CACHE_HOME (here a temporary one).
-    first = main_py(tmp_path / "first", {**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    first = two_steps(tmp_path / "first", {**env, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     cache = tmp_path / "xdg" / "paxloom" / "jax_compilation_cache"
     assert re.search(rf"^compiled jit\(_train_step\) in [\d.]+s \(saved to the persistent "
                      rf"compilation cache {re.escape(str(cache))}\)$", first, re.M), first
     assert list(cache.glob("jit__train_step-*-cache")), list(cache.iterdir())
     # The flag names it, and wins over $JAX_COMPILATION_CACHE_DIR.
-    again = main_py(tmp_path / "again", {**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j")},
-                    f"--compilation_cache_dir={cache}")
+    again = two_steps(tmp_path / "again",
+                      {**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j")},
+                      f"--compilation_cache_dir={cache}")
     assert re.search(rf"^compiling the train step \(jit\(_train_step\)\) \.\.\.\n"
                      rf"compiled jit\(_train_step\) in [\d.]+s \(loaded from the persistent "
                      rf"compilation cache {re.escape(str(cache))}\)$", again, re.M), again

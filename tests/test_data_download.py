@@ -4,20 +4,17 @@ import hashlib
 import http.server
 import importlib.util
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT
+from tests.support.processes import run_python, session_env
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts_gpu" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts_gpu" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -238,18 +235,14 @@ def test_lambada_download_rejects_non_lambada_file(server, tmp_path, capsys):
 def test_lambada_script_offline_no_traceback(tmp_path):
     # As a real process: the sibling import works and the user sees one line.
     url = f"http://127.0.0.1:{_unused_port()}/lambada_test.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts_gpu" / "download_lambada.py"),
-            "--data_dir",
-            str(tmp_path),
-            "--url",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ""},
+    proc = run_python(
+        str(REPO_ROOT / "scripts_gpu" / "download_lambada.py"),
+        "--data_dir",
+        str(tmp_path),
+        "--url",
+        url,
+        env=session_env(PYTHONPATH=""),
+        cwd=None,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: cannot reach") and "Traceback" not in proc.stderr

@@ -15,7 +15,7 @@ from tasks.prepare import cache_key, prepare
 from tasks.text_formats import ReadStats, TextFormat, expand_files, iter_documents
 from tasks.tokenizer import HFTokenizer, load_tokenizer
 from tasks.vocab import Vocabulary, check_vocab_size
-from tests import data_fixtures as fx
+from tests.support import data as fx
 
 DOCS = fx.make_docs(40, seed=11) + ["héllo 世界 🙂\n\ttabs  and  spaces ", "x"]
 FIELD = {"txt": "text", "txt_blank_line": "text"}  # txt has no fields; others use "body"

@@ -17,7 +17,7 @@ from tasks.lambada import (
     write_predictions,
 )
 from tasks.vocab import load_vocabulary
-from tests import data_fixtures as fx
+from tests.support import data as fx
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ from tasks.packing import BATCH_KEYS
 from tasks.prepare import cache_key, prepare
 from tasks.text_formats import iter_documents
 from tasks.vocab import load_vocabulary
-from tests import data_fixtures as fx
+from tests.support import data as fx
+from tests.support.processes import run_python
 
 SEQ_LEN = 32
 G = 8
@@ -210,29 +211,15 @@ def test_eval_input_fixed_padded_and_sliced(data_dir, vocab):
 
 
 def test_prepare_command(tmp_path, vocab):
-    import subprocess
-    import sys
-
     root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=20)
-    cmd = [
-        sys.executable,
-        "-m",
-        "tasks.prepare",
-        f"--data_dir={root}",
-        f"--vocab_path={vocab.path}",
-        "--workers=2",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=fx.REPO_ROOT)
+    proc = run_python(
+        "-m", "tasks.prepare", f"--data_dir={root}", f"--vocab_path={vocab.path}", "--workers=2"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "prepared 2 file(s)" in proc.stdout
     (cache,) = (root / "pile" / "tokenized").iterdir()
     assert (cache / "manifest.json").is_file()
-    proc = subprocess.run(
-        cmd[:3] + [f"--data_dir={root}", "--vocab_path="],
-        capture_output=True,
-        text=True,
-        cwd=fx.REPO_ROOT,
-    )
+    proc = run_python("-m", "tasks.prepare", f"--data_dir={root}", "--vocab_path=")
     assert proc.returncode == 2 and proc.stderr.startswith(
         "error: no vocabulary given; set VOCAB_PATH"
     )

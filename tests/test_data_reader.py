@@ -11,7 +11,8 @@ from core.errors import UserError
 from tasks import layout
 from tasks.text_formats import ReadStats, iter_documents
 from tasks.vocab import check_vocab_size, load_vocabulary
-from tests import data_fixtures as fx
+from tests.support import data as fx
+from tests.support.processes import run_python
 
 
 @pytest.fixture(scope="session")
@@ -195,40 +196,17 @@ def test_check_vocab_size(vocab):
 
 
 def test_train_vocab_command(tmp_path):
-    import subprocess
-    import sys
-
     root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=40)
     out = tmp_path / "v.model"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tasks.train_vocab",
-            f"--data_dir={root}",
-            "--vocab_size=320",
-            f"--output={out}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=fx.REPO_ROOT,
+    proc = run_python(
+        "-m", "tasks.train_vocab", f"--data_dir={root}", "--vocab_size=320", f"--output={out}"
     )
     assert proc.returncode == 0, proc.stderr
     v = load_vocabulary(out)
     assert v.vocab_size <= 320 and v.eos_id == 1 and v.pad_id == 0
     # A user error in the command is one line and exit status 2.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tasks.train_vocab",
-            f"--data_dir={tmp_path / 'none'}",
-            f"--output={out}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=fx.REPO_ROOT,
-    )
+    proc = run_python("-m", "tasks.train_vocab", f"--data_dir={tmp_path / 'none'}",
+                      f"--output={out}")
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 

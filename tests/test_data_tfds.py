@@ -1,7 +1,6 @@
 """A Pax user's TFDS data directory (paxml's the_pile and my_lambada builds) as it is."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,8 +9,9 @@ from core.errors import UserError
 from tasks import layout, tfds
 from tasks.lambada import read_lambada
 from tasks.text_formats import iter_documents
-from tests.data_fixtures import JAX_ENV, REPO_ROOT, make_tfds_data, write_lines
-from tests.helpers import TINY
+from tests.support.data import make_tfds_data, write_lines
+from tests.support.processes import bare_env, run_main
+from tests.support.tiny import SHORT_PILE_RUN, tiny_flags
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +67,12 @@ def test_token_cache_goes_to_the_user_cache_when_the_data_is_not_writable(tmp_pa
 def test_main_trains_and_evaluates_from_tfds_data_dir_in_the_environment(tfds_data, tmp_path):
     data_dir, vocab, *_ = tfds_data
     cache = tmp_path / "token_cache"
-    cmd = [sys.executable, "main.py", "--fdl_config=experiments.GPT126M",
-           f"--job_log_dir={tmp_path / 'job'}", f"--cache_dir={cache}",
-           *[f"--fdl.{k}={v!r}" for k, v in {
-               **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "ICI_MESH_SHAPE": [8, 1, 1],
-               "PERCORE_BATCH_SIZE": 1, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
-               "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LAMBADA_EVAL": True,
-               "LR_COS_WARMUP": 1, "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4}.items()]]
-    env = {**{k: os.environ[k] for k in JAX_ENV},  # conftest: 8 CPU devices
-           "TFDS_DATA_DIR": str(data_dir), "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path)}
-    out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_main("--fdl_config=experiments.GPT126M", f"--job_log_dir={tmp_path / 'job'}",
+                   f"--cache_dir={cache}",
+                   *tiny_flags(**SHORT_PILE_RUN, ICI_MESH_SHAPE=[8, 1, 1], PERCORE_BATCH_SIZE=1,
+                               LAMBADA_EVAL=True),
+                   env=bare_env(TFDS_DATA_DIR=str(data_dir), VOCAB_PATH=str(vocab),
+                                PATH="/usr/bin:/bin", HOME=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step      4 | loss" in out.stdout
     assert "eval pile_val | loss" in out.stdout and "eval lambada | accuracy" in out.stdout

@@ -4,8 +4,6 @@ line."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -20,9 +18,10 @@ from layers.stack import transformer_layer_template
 from runner.inference import decode
 from runner.inference import model as inference
 from runner.inference.generate import SamplingOptions
-from tests.data_fixtures import REPO_ROOT
-from tests.helpers import TINY, make_trainer, run_steps
-from tests.inference_fixtures import greedy_reference, praxis_logits, save_job, save_state
+from tests.support.inference import greedy_reference, praxis_logits, save_job, save_state
+from tests.support.processes import run_main
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer, run_steps
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -41,7 +40,7 @@ FAMILIES = {
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """family -> (exp, job_dir, params, trainer) of a checkpoint of a tiny model with random
-    parameters (tests/inference_fixtures.py), saved once per module."""
+    parameters (tests/support/inference.py), saved once per module."""
     saved = {}
 
     def get(family):
@@ -171,12 +170,6 @@ def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
                                       max_decode_steps=6, options=SamplingOptions())
     assert [r["continuation"] for r in records] == [
         "9 10 11 12 13 14", "19 22 25 28 31 34", "60 1 6 11 16 21"]  # modulo VOCAB_SIZE
-
-
-def run_main(*args):
-    env = dict(os.environ)  # conftest: 8 CPU devices
-    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -4,26 +4,20 @@ recorded run's settings (issue 24, parts 3 and 5)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from core.errors import UserError
 from launch import job
-from tests.data_fixtures import REPO_ROOT, make_docs, make_pile_dir, tiny_vocab_path
+from launch import record as run_record
+from tests.support.data import make_docs, make_pile_dir, tiny_vocab_path
+from tests.support.processes import run_main
 
 # Tiny on a Pile-format directory: evaluates (Pile validation, Lambada) at step 2.
 PILE_TINY = ["--fdl_config=experiments.Tiny", "--fdl.DATASET='pile'", "--fdl.MAX_STEPS=4",
              "--fdl.EVAL_INTERVAL_STEPS=2", "--fdl.CHECKPOINT_EVERY_N_STEPS=2",
              "--fdl.EVAL_BATCHES=1", "--fdl.LAMBADA_MAX_EXAMPLES=4",
              "--fdl.SUMMARY_INTERVAL_STEPS=2"]
-
-
-def run_main(*args, timeout=300):
-    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT,
-                          env=dict(os.environ), capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def error_lines(out) -> list[str]:
@@ -91,7 +85,7 @@ def test_missing_lambada_file_names_the_switch(tmp_path, vocab):
 def _record(run_dir, exp, config, vocab, data):
     """hyperparameters.json as a training run with these flags writes it."""
     spec = job.pax_fiddle.build(config)
-    job.write_config(str(run_dir), exp, config, job.run_record(
+    run_record.write_config(str(run_dir), exp, config, run_record.run_record(
         {"data_dir": str(data), "vocab_path": vocab, "cache_dir": None}, spec.tokenizer))
 
 
@@ -105,10 +99,10 @@ def test_vocabulary_fingerprint_is_recorded_and_checked(tmp_path, vocab, other_v
     record = json.loads((tmp_path / "run" / "hyperparameters.json").read_text())
     assert record["data_locations"]["vocab_path"] == os.path.abspath(vocab)
     assert record["tokenizer"]["vocab_size"] == load_tokenizer(vocab).vocab_size
-    job.check_vocabulary(load_tokenizer(vocab), str(tmp_path / "run"), None)  # the same: ok
+    run_record.check_vocabulary(load_tokenizer(vocab), str(tmp_path / "run"), None)  # the same: ok
     with pytest.raises(UserError, match=r"--vocab_path=.*other.model .* is not the vocabulary "
                                         r"this run trained with .*tiny.model.*drop --vocab_path"):
-        job.check_vocabulary(load_tokenizer(other_vocab), str(tmp_path / "run"), other_vocab)
+        run_record.check_vocabulary(load_tokenizer(other_vocab), str(tmp_path / "run"), other_vocab)
 
 
 def test_decode_uses_recorded_vocabulary_and_refuses_another(tmp_path, vocab, other_vocab):

@@ -102,10 +102,10 @@ def test_gpt_model_graph_is_the_reference_model(name):
 
 
 def test_print_config_shows_the_reference_values(capsys):
-    from launch.job import describe
+    from launch.record import config_report
 
     exp = experiments.resolve("experiments.GPT126M")()
-    text = describe(exp, exp.run_config())
+    text = config_report(exp, exp.run_config())
     for line in ("INIT_STD = 0.023", "SOFTMAX_INIT_STD = 0.023", "LR_COS_WARMUP = 636",
                  "LR_COS_DECAY_START = 637", "LR_COS_DECAY_END = 500000",
                  "CHECKPOINT_POLICY = 'none'"):
@@ -142,13 +142,13 @@ REFERENCE_LLAMA_SHARED = dict(
 def test_pax_llama_experiments_print_the_reference_values(name):
     from praxis.layers import multi_query_attention, normalizations
 
-    from launch.job import describe
+    from launch.record import config_report
     from layers.stack import transformer_layer_template
 
     exp = experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}")()
     assert type(exp) is experiments.resolve(f"experiments.{name}")
     config = exp.run_config()
-    text = describe(exp, config)  # what --print_config prints
+    text = config_report(exp, config)  # what --print_config prints
     for key, value in {**REFERENCE_LLAMA_SHARED, **REFERENCE_LLAMA[name]}.items():
         assert f"{key} = {value!r}" in text.splitlines(), f"{name}.{key}"
     layer = transformer_layer_template(config.model.lm_tpl.stacked_transformer_tpl)
@@ -315,12 +315,12 @@ def test_run_config_is_a_fiddle_graph_that_builds():
     assert run.make_train_input is not None
 
 
-def test_readme_documents_every_hyperparameter():
-    from tests.data_fixtures import REPO_ROOT
+def test_the_docs_document_every_hyperparameter():
+    from tests.support.paths import REPO_ROOT
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    reference = (REPO_ROOT / "docs" / "reference" / "hyperparameters.md").read_text()
     for name in BaseExperiment.hyperparameter_types():
-        assert f"| `{name}` |" in readme, f"README's hyperparameter table lacks {name}"
+        assert f"| `{name}` |" in reference, f"the hyperparameter reference lacks {name}"
 
 
 def test_dotted_overrides_set_fields_of_the_fiddle_graph():

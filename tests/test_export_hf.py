@@ -3,8 +3,6 @@ and computes praxis's logits; its tokenizer (a converted SentencePiece model, or
 own tokenizer.json) encodes as training did; what a target cannot express is refused."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +14,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import experiments
 from core.errors import UserError
 from experiments.llama import LlamaBase
-from launch import job
+from launch import record
 from tasks import datasets
 from tasks.text import TextFiles
 from tasks.tokenizer import HFTokenizer, load_tokenizer
 from tasks.vocab import load_vocabulary
-from tests.data_fixtures import REPO_ROOT, write_corpus
-from tests.helpers import TINY
-from tests.inference_fixtures import praxis_logits, save_job
+from tests.support.data import write_corpus
+from tests.support.inference import praxis_logits, save_job
+from tests.support.processes import run_python, session_env
+from tests.support.tiny import TINY
 from tools import export_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -119,18 +118,16 @@ def test_a_run_with_a_tokenizer_json_exports_that_tokenizer(tmp_path):
 def test_what_gpt2_cannot_express_is_refused(tmp_path):
     # Heads narrower than MODEL_DIMS / NUM_HEADS: GPT-2 derives the head size from n_embd.
     exp = experiments.BaseExperiment(**{**TINY, "NUM_HEADS": 4, "DIMS_PER_HEAD": 8})
-    job.write_config(str(tmp_path), exp, exp.run_config())
+    record.write_config(str(tmp_path), exp, exp.run_config())
     with pytest.raises(UserError, match=r"cannot export to GPT2LMHeadModel exactly: GPT-2's "
                                         r"heads span the model width"):
         export_hf.export(str(tmp_path), str(tmp_path / "hf"))
 
 
 def test_export_of_a_directory_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.export_hf", f"--job_log_dir={tmp_path}",
-         f"--output={tmp_path / 'hf'}"],
-        cwd=REPO_ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-        text=True, timeout=120)
+    out = run_python("-m", "tools.export_hf", f"--job_log_dir={tmp_path}",
+                     f"--output={tmp_path / 'hf'}", env=session_env(JAX_PLATFORMS="cpu"),
+                     timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == (f"error: --job_log_dir={tmp_path} has no hyperparameters.json: "
                                   f"not a training run's directory")

@@ -15,9 +15,8 @@ from experiments.llama import LlamaBase
 from launch import job
 from layers import architecture
 from runner.state import checkpoints, hf_format
-from tests.data_fixtures import make_docs, train_hf_tokenizer
-from tests.helpers import tree_digest
-from tests.test_boolq import DEV, TRAIN, write_jsonl
+from tests.support.files import tree_digest
+from tests.test_boolq import write_boolq, yes_no_tokenizer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -34,18 +33,13 @@ def hf_dir(tmp_path_factory):
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         max_position_embeddings=64, rms_norm_eps=1e-5))
     model.save_pretrained(directory)
-    texts = make_docs(100, seed=3) + ["yes", "no"] * 1000
-    tokenizer = train_hf_tokenizer(tmp_path_factory.mktemp("tok"), texts, vocab_size=VOCAB)
-    shutil.copy(tokenizer, directory / "tokenizer.json")
+    shutil.copy(yes_no_tokenizer(tmp_path_factory, VOCAB), directory / "tokenizer.json")
     return directory
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    write_jsonl(root / "boolq" / "train.jsonl", TRAIN)
-    write_jsonl(root / "boolq" / "dev.jsonl", DEV)
-    return root
+    return write_boolq(tmp_path_factory.mktemp("data"))
 
 
 def experiment(hf_dir, **overrides):

@@ -25,9 +25,11 @@ from launch import decode as launch_decode
 from launch import job
 from layers import fp8, lora
 from runner.inference import decode
+from runner.planning import plan as planning
 from runner.state import checkpoints, initial_weights
-from tests.helpers import TINY, make_trainer
-from tests.inference_fixtures import save_job, save_state
+from tests.support.inference import save_job, save_state
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 from tools import export_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -403,10 +405,10 @@ def test_fp8_tensor_cores_from_compute_capability():
 
 def test_a_plan_of_fp8_for_an_a100_is_one_line():
     exp = experiments.BaseExperiment(**TINY, USE_FP8=True, ATTENTION_IMPL="xla")
-    exp.run_config(plan_for_hopper=True)  # an H100 or H200 plan
+    exp.run_config(target=planning.target_device("h100"))  # an H100 plan
     with pytest.raises(UserError, match=r"USE_FP8=True needs FP8 tensor cores .* the planned "
                                         r"A100 has none: plan with --plan_device=h100") as error:
-        exp.run_config(plan_for_hopper=False)
+        exp.run_config(target=planning.target_device("a100-80gb"))
     assert "\n" not in str(error.value)
 
 

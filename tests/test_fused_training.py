@@ -10,7 +10,7 @@ import pytest
 
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
-from tests.helpers import make_trainer, train_losses
+from tests.support.training import make_trainer, train_losses
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 IMPLS = ["xla", "pallas", "cudnn", "auto"]

@@ -2,35 +2,29 @@
 the run that resumed it."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from runner.state import checkpoints
 from runner.training import goodput
-from tests.data_fixtures import REPO_ROOT
-from tests.helpers import TINY
-
-FLAGS = [f"--fdl.{k}={v!r}" for k, v in {**TINY, "ICI_MESH_SHAPE": [8, 1, 1],
-                                         "CHECKPOINT_EVERY_N_STEPS": 4,
-                                         "SUMMARY_INTERVAL_STEPS": 1}.items()]
-ENV = dict(os.environ)  # conftest: 8 CPU devices
+from tests.support.processes import run_main, run_python, start_main
+from tests.support.tiny import tiny_flags
 
 
-def main_py(job_dir, max_steps: int) -> list[str]:
-    return [sys.executable, "-u", "main.py", "--fdl_config=experiments.base.BaseExperiment",
-            *FLAGS, f"--fdl.MAX_STEPS={max_steps}", f"--job_log_dir={job_dir}"]
+def train_args(job_dir, max_steps: int) -> list[str]:
+    return ["--fdl_config=experiments.base.BaseExperiment",
+            *tiny_flags(ICI_MESH_SHAPE=[8, 1, 1], CHECKPOINT_EVERY_N_STEPS=4,
+                        SUMMARY_INTERVAL_STEPS=1),
+            f"--fdl.MAX_STEPS={max_steps}", f"--job_log_dir={job_dir}"]
 
 
 def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_path):
     job_dir = tmp_path / "job"
     log = open(tmp_path / "first.out", "w+")
-    first = subprocess.Popen(main_py(job_dir, 1000), cwd=REPO_ROOT, env=ENV, stdout=log,
-                             stderr=subprocess.STDOUT)
+    first = start_main(*train_args(job_dir, 1000), stdout=log, stderr=subprocess.STDOUT)
     # Kill it once a checkpoint is complete (saves are asynchronous) and 3 more steps ran.
     ckpt = checkpoints.job_checkpoint_dir(str(job_dir))
     deadline = time.monotonic() + 240
@@ -43,8 +37,7 @@ def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_pat
     died_at, saved = _step(job_dir), checkpoints.latest_step(ckpt)
     assert died_at >= saved + 3
 
-    out = subprocess.run(main_py(job_dir, died_at + 2), cwd=REPO_ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    out = run_main(*train_args(job_dir, died_at + 2), unbuffered=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"restored step {saved}" in out.stdout
     assert (f"goodput: the previous run died at step {died_at}; steps {saved + 1}..{died_at} "
@@ -64,8 +57,7 @@ def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_pat
     assert not (job_dir / "goodput_current.json").exists()
     assert "goodput " in out.stdout.splitlines()[-1]  # the closing line
 
-    shown = subprocess.run([sys.executable, "-m", "runner.training.goodput", str(job_dir)],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    shown = run_python("-m", "runner.training.goodput", str(job_dir), timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "died" in shown.stdout and "finished" in shown.stdout
     assert f"({died_at - saved} steps trained again)" in shown.stdout
@@ -83,7 +75,6 @@ def _step(job_dir) -> int:
 
 
 def test_ledger_cli_on_a_directory_without_records(tmp_path):
-    shown = subprocess.run([sys.executable, "-m", "runner.training.goodput", str(tmp_path)],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    shown = run_python("-m", "runner.training.goodput", str(tmp_path), timeout=60)
     assert shown.returncode == 2 and shown.stderr.startswith("error: ")
     assert len(shown.stderr.strip().splitlines()) == 1

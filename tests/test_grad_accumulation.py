@@ -7,11 +7,11 @@ import pytest
 
 import experiments
 from core.errors import UserError
-from launch import job
+from launch import record
 from runner.training import accumulation
-from tests.helpers import make_trainer
-from tests.test_bad_inputs import TINY_FLAGS, assert_one_line
-from tests.test_main_cli import run_main
+from tests.support.processes import assert_one_line, run_main
+from tests.support.training import make_trainer
+from tests.test_bad_inputs import TINY_FLAGS
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -87,7 +87,7 @@ def test_batch_that_does_not_split_is_one_line(tmp_path):
     exp = experiments.BaseExperiment(PERCORE_BATCH_SIZE=2, GRADIENT_ACCUMULATION_STEPS=4)
     assert ("global batch = PERCORE_BATCH_SIZE 2 x 8 devices = 16 sequences per optimizer "
             "update, run as GRADIENT_ACCUMULATION_STEPS = 4 sub-batches of 4"
-            ) in job.describe(exp, exp.run_config())
+            ) in record.config_report(exp, exp.run_config())
 
 
 def sub_batch_losses(tmp_path, dropout: float) -> np.ndarray:

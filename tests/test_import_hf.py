@@ -6,8 +6,6 @@ is refused in one line naming the config.json key."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -26,9 +24,9 @@ from runner.cluster import mesh as mesh_lib
 from runner.inference.model import abstract_params
 from runner.state import hf_format
 from runner.state.train_state import as_model_batch, praxis_context
-from tests.data_fixtures import REPO_ROOT
-from tests.helpers import TINY
-from tests.inference_fixtures import save_job
+from tests.support.inference import save_job
+from tests.support.processes import run_python, session_env
+from tests.support.tiny import TINY
 from tools import export_hf, import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -329,10 +327,8 @@ def test_import_hf_prints_the_flags_of_the_matching_run(tmp_path):
 
 def test_import_hf_of_a_bad_directory_is_one_line_and_exit_2(tmp_path):
     path = write_config(tmp_path, **LLAMA, attention_bias=True)
-    out = subprocess.run(
-        [sys.executable, "-m", "tools.import_hf", f"--hf_dir={path}"], cwd=REPO_ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
-        timeout=120)
+    out = run_python("-m", "tools.import_hf", f"--hf_dir={path}",
+                     env=session_env(JAX_PLATFORMS="cpu"), timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr == ("error: config.json attention_bias=true: Paxloom's Llama has no "
                           "attention biases\n")

@@ -18,7 +18,9 @@ from core.errors import UserError
 from core.spec import InitialWeights
 from launch import job
 from runner.state import checkpoints, initial_weights
-from tests.helpers import TINY, make_trainer, tree_digest
+from tests.support.files import tree_digest
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

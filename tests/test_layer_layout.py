@@ -21,7 +21,7 @@ import experiments
 from layers import architecture
 from layers import layer_layout as ll
 from runner.state.train_state import as_model_batch, praxis_context
-from tests.helpers import TINY
+from tests.support.tiny import TINY
 
 L = 8
 LAYOUTS = [

@@ -12,11 +12,11 @@ import experiments
 from core.errors import UserError
 from experiments.llama import LlamaBase
 from launch import job
-from tests.helpers import make_trainer, train_losses
+from tests.support.training import make_trainer, train_losses
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
-LLAMA = dict(NUM_KV_HEADS=4)  # with tests.helpers.TINY: 8 query heads in 4 key/value groups
+LLAMA = dict(NUM_KV_HEADS=4)  # with tests.support.tiny.TINY: 8 query heads in 4 key/value groups
 
 
 @pytest.fixture(scope="module")

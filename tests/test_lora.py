@@ -15,8 +15,9 @@ from layers import architecture, cached_lm, lora
 from layers import attention as fused_attention
 from layers.stack import transformer_layer_template
 from runner.state import checkpoints
-from tests.helpers import TINY, make_trainer
-from tests.inference_fixtures import PARAMETER_STD, praxis_logits
+from tests.support.inference import PARAMETER_STD, praxis_logits
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

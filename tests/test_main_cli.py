@@ -1,31 +1,14 @@
 """main.py end to end in subprocesses: the command line a user types."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.data_fixtures import REPO_ROOT
+from tests.support.processes import run_main, session_env
+from tests.support.tiny import model_flags
 
-TINY_FLAGS = [
-    "--fdl.NUM_LAYERS=2", "--fdl.MODEL_DIMS=64", "--fdl.HIDDEN_DIMS=256", "--fdl.NUM_HEADS=4",
-    "--fdl.DIMS_PER_HEAD=16", "--fdl.MAX_SEQ_LEN=64", "--fdl.VOCAB_SIZE=512",
-]
-
-
-def run_main(*args, timeout=300, without_tensorflow=False, env=None):
-    """main.py in a subprocess; `without_tensorflow` makes `import tensorflow` fail in it,
-    as on GPU machines that lack it."""
-    env = {**os.environ, **(env or {})}  # conftest: 8 CPU devices
-    command = [sys.executable, "main.py", *args]
-    if without_tensorflow:
-        command = [sys.executable, "-c", "import runpy, sys; sys.modules['tensorflow'] = None; "
-                   f"sys.argv = {['main.py', *args]!r}; runpy.run_path('main.py', "
-                   "run_name='__main__')"]
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+# The tiny model's shapes with 16-wide heads, in the experiment's own dtype, data and schedule.
+TINY_FLAGS = model_flags(NUM_HEADS=4, DIMS_PER_HEAD=16)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -122,10 +105,8 @@ def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     a profile of steps 2-3; then --fdl_config_file reruns the recorded graph to the same
     losses."""
     first, again = tmp_path / "first", tmp_path / "again"
-    flags = [f"--fdl.{k}={v!r}" for k, v in {
-        "NUM_LAYERS": 2, "MODEL_DIMS": 64, "HIDDEN_DIMS": 256, "NUM_HEADS": 4,
-        "DIMS_PER_HEAD": 16, "MAX_SEQ_LEN": 64, "VOCAB_SIZE": 512, "DATASET": "synthetic",
-        "EVAL_BATCHES": 1, "EVAL_INTERVAL_STEPS": 2, "MAX_STEPS": 4}.items()]
+    flags = model_flags(NUM_HEADS=4, DIMS_PER_HEAD=16, DATASET="synthetic", EVAL_BATCHES=1,
+                        EVAL_INTERVAL_STEPS=2, MAX_STEPS=4)
     out = run_main("--exp=experiments.base.BaseExperiment", *flags,
                    "--fdl.loop.summary_interval_steps=1", "--noeval_on_test",
                    "--enable_checkpoint_saving=false", "--profile_start_step=1",
@@ -157,7 +138,7 @@ def test_hparams_tab_and_weights_and_biases_offline(tmp_path):
     args = ["--fdl_config=experiments.Synthetic126M", *TINY_FLAGS, "--fdl.MAX_STEPS=2",
             "--fdl.ICI_MESH_SHAPE=[8,1,1]", "--fdl.PERCORE_BATCH_SIZE=1",
             "--wandb_project=paxloom-test", f"--job_log_dir={job}"]
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = session_env(WANDB_MODE="offline", WANDB_SILENT="true")
     out = run_main(*args, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     events = EventAccumulator(str(job / "tb" / "train"))

@@ -3,6 +3,7 @@
 import jax
 import pytest
 
+from core import batch
 from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
 
@@ -38,20 +39,20 @@ def test_dcn_must_match_process_count():
 ])
 def test_global_batch_is_percore_times_devices(ici, percore, expected):
     mesh = mesh_lib.create_mesh(ici, [1, 1, 1])
-    assert mesh_lib.global_batch_size(percore, mesh) == expected
+    assert batch.layout(percore, mesh_lib.mesh_shape(mesh)).global_batch == expected
 
 
 def test_fractional_batch_without_tensor_parallelism_is_an_error():
     mesh = mesh_lib.create_mesh([8, 1, 1], [1, 1, 1])
     with pytest.raises(UserError, match="does not split over 8 data-parallel shards.*smallest "
                                         "PERCORE_BATCH_SIZE for this mesh is 1"):
-        mesh_lib.global_batch_size(0.5, mesh)
+        batch.layout(0.5, mesh_lib.mesh_shape(mesh))
 
 
 def test_non_integer_global_batch_is_an_error():
     mesh = mesh_lib.create_mesh([1, 1, 8], [1, 1, 1])
     with pytest.raises(UserError, match="is not a whole number of sequences"):
-        mesh_lib.global_batch_size(0.3, mesh)
+        batch.layout(0.3, mesh_lib.mesh_shape(mesh))
 
 
 def test_single_process_loads_the_whole_batch():

@@ -18,7 +18,8 @@ from experiments.llama import LlamaBase
 from layers.stack import transformer_layer_template
 from runner.state import checkpoints, partitioning
 from runner.state.train_state import replicated_matrices
-from tests.helpers import TINY, make_trainer, run_steps
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer, run_steps
 
 # ----- an independent GPT forward pass (numpy, float64) ---------------------------------------
 

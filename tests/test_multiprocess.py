@@ -19,11 +19,7 @@ killed in a `finally`.
 import argparse
 import json
 import math
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,132 +29,35 @@ import pytest
 
 from core.errors import UserError
 from runner.cluster import distributed
+from tests.support.processes import (
+    DISTRIBUTED_TIMEOUT_S,
+    JOB_TIMEOUT_S,
+    Job,
+    free_port,
+    isolated_env,
+    main_commands,
+    run_job,
+)
+from tests.support.tiny import fdl_flags, tiny
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# The tiny model (tests/helpers.TINY) trained 4 steps with a learning rate that moves the
+# The tiny model (tests/support/tiny.py) trained 4 steps with a learning rate that moves the
 # weights from step 2 on (step 1 runs at rate 0), evaluated on 2 synthetic batches.
 STEPS = 4
-RUN = dict(
-    NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=8, DIMS_PER_HEAD=8,
-    MAX_SEQ_LEN=64, VOCAB_SIZE=512, FPROP_DTYPE="float32", DATASET="synthetic",
-    PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1, LR_COS_DECAY_START=1,
-    LR_COS_DECAY_END=100, EVAL_BATCHES=2, MAX_STEPS=STEPS,
-)
+RUN = tiny(EVAL_INTERVAL_STEPS=None, PERCORE_BATCH_SIZE=1, LEARNING_RATE=3e-3, LR_COS_WARMUP=1,
+           LR_COS_DECAY_START=1, LR_COS_DECAY_END=100, EVAL_BATCHES=2, MAX_STEPS=STEPS)
 RTOL = 1e-4
-JOB_TIMEOUT_S = 300  # a whole multi-process job; they take 30-90 s on 2 cores
-CONNECT_TIMEOUT_S = 120  # --distributed_timeout_s: generous, imports are slow under load
 
 
-# ----- running processes ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_env(devices: int) -> dict[str, str]:
-    """A clean environment for one CPU process with `devices` fake devices."""
-    env = {k: v for k, v in os.environ.items()
-           # Launcher variables would make jax (or runner.cluster.distributed) detect a cluster.
-           # The session's compilation cache is for single-process runs (conftest.py).
-           if not k.startswith(("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR",
-                                "JAX_COMPILATION_CACHE"))}
-    env.update(
-        # Cheaper CPU compilation: these jobs are mostly compile time on 2 cores (-25%
-        # CPU), and the maths is unchanged (the losses are bit-identical).
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-                  f"--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-        JAX_PLATFORMS="cpu",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=str(REPO_ROOT),
-        # No persistent cache (main.py's default would be the user's ~/.cache/paxloom).
-        JAX_COMPILATION_CACHE_DIR="",
-    )
-    return env
-
-
-class Job:
-    """Processes started together; `wait` bounds their time and reports failures."""
-
-    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]], log_dir: Path):
-        self.logs = []
-        self.procs: list[subprocess.Popen] = []
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for i, (command, env) in enumerate(zip(commands, envs, strict=True)):
-            out, err = log_dir / f"process{i}.out", log_dir / f"process{i}.err"
-            self.logs.append((out, err))
-            with open(out, "w") as fout, open(err, "w") as ferr:
-                self.procs.append(subprocess.Popen(
-                    command, cwd=REPO_ROOT, env=env, stdout=fout, stderr=ferr,
-                    start_new_session=True))  # its own process group, killed as one
-
-    def wait(self, timeout_s: float) -> list[int]:
-        """Exit codes; kills everything and fails at the deadline or on a failing process."""
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in self.procs):
-            # A failed process leaves its peers blocked in collectives: stop at once.
-            if any(p.poll() not in (None, 0) for p in self.procs):
-                break
-            if time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"job did not finish in {timeout_s}s\n{self.tails()}")
-            time.sleep(0.2)
-        self.kill()
-        return [p.returncode for p in self.procs]
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
-
-    def stdout(self, i: int) -> str:
-        return self.logs[i][0].read_text()
-
-    def stderr(self, i: int) -> str:
-        return self.logs[i][1].read_text()
-
-    def tails(self) -> str:
-        return "\n".join(f"--- process {i} rc={p.returncode}\n{self.stdout(i)[-1500:]}"
-                         f"{self.stderr(i)[-3000:]}" for i, p in enumerate(self.procs))
-
-
-def run_job(commands, devices, log_dir, envs=None) -> Job:
-    """Run `commands` together (default environment: `process_env(devices)`); all must pass."""
-    job = Job(commands, envs or [process_env(devices)] * len(commands), log_dir)
-    try:
-        codes = job.wait(JOB_TIMEOUT_S)
-    finally:
-        job.kill()
-    assert codes == [0] * len(commands), job.tails()
-    return job
-
-
-def fdl_args(**hparams) -> list[str]:
-    return [f"--fdl.{k}={v!r}" for k, v in hparams.items()]
-
-
-def main_py(tmp_path, num, port, **hparams) -> list[list[str]]:
+def commands(tmp_path, num, port, **hparams) -> list[list[str]]:
     """main.py on `num` processes, told the job's layout by flags (port None: by srun)."""
-    flags = [[f"--distributed_timeout_s={CONNECT_TIMEOUT_S}"]] * num
-    if port is not None:
-        flags = [["--multiprocess_gpu", f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}",
-                  f"--host_idx={i}", *flags[i]] for i in range(num)]
-    return [[sys.executable, "-u", str(REPO_ROOT / "main.py"),
-             "--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={tmp_path}/job",
-             *flags[i], *fdl_args(**hparams)] for i in range(num)]
+    return main_commands(num, "--fdl_config=experiments.base.BaseExperiment",
+                         f"--job_log_dir={tmp_path}/job", *fdl_flags(**hparams), port=port)
 
 
 def srun_envs(num: int, devices: int, port: int) -> list[dict[str, str]]:
     """The environment `srun --ntasks=num` gives each task on one node named 127.0.0.1, plus
     what scripts_gpu/run_pile_multinode.sh exports."""
-    return [{**process_env(devices), "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1",
+    return [{**isolated_env(devices), "SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "127.0.0.1",
              "SLURM_NTASKS": str(num), "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i),
              "JAX_COORDINATOR_PORT": str(port),  # jax's port override (else from the job id)
              "JAX_LOCAL_DEVICE_IDS": ",".join(map(str, range(devices)))}
@@ -178,7 +77,7 @@ def worker(tmp_path, num, port, ici, dcn) -> list[list[str]]:
 
 def train_and_evaluate(trainer) -> dict:
     """Per-step losses of STEPS steps from a fresh state, then the evaluation."""
-    from tests.helpers import run_steps
+    from tests.support.training import run_steps
 
     losses, state = run_steps(trainer, STEPS)
     evals = trainer.evaluate(state["params"], STEPS)
@@ -187,7 +86,7 @@ def train_and_evaluate(trainer) -> dict:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    from tests.helpers import make_trainer
+    from tests.support.training import make_trainer
 
     trainer = make_trainer(tmp_path_factory.mktemp("one"), ICI_MESH_SHAPE=[1, 8, 1], **RUN)
     return train_and_evaluate(trainer)
@@ -205,7 +104,7 @@ def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process)
     # No distributed flags at all: started by (simulated) srun, main.py finds the job's
     # layout in SLURM's environment, as on a cluster.
     port = free_port()
-    job = run_job(main_py(tmp_path, 2, None, ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1],
+    job = run_job(commands(tmp_path, 2, None, ICI_MESH_SHAPE=[1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1],
                           SUMMARY_INTERVAL_STEPS=1, EVAL_INTERVAL_STEPS=STEPS, **RUN),
                   devices=4, log_dir=tmp_path / "logs", envs=srun_envs(2, 4, port))
     console = job.stdout(0)
@@ -265,13 +164,13 @@ def test_pipeline_stages_across_two_processes_train_like_one(tmp_path):
     """Two pipeline stages, one per process (the stage axis on DCN), each stage's layers
     split over its process's 4 devices (2 data x 2 model): the same losses as the same
     pipelined mesh in one process."""
-    from tests.helpers import make_trainer, train_losses
+    from tests.support.training import make_trainer, train_losses
 
     pipeline = dict(NUM_MICROBATCHES=2, **RUN)
     expected = train_losses(make_trainer(tmp_path / "one", ICI_MESH_SHAPE=[2, 1, 2, 2],
                                          **pipeline), STEPS)
     port = free_port()
-    job = run_job(main_py(tmp_path, 2, port, ICI_MESH_SHAPE=[1, 1, 2, 2],
+    job = run_job(commands(tmp_path, 2, port, ICI_MESH_SHAPE=[1, 1, 2, 2],
                           DCN_MESH_SHAPE=[2, 1, 1, 1], SUMMARY_INTERVAL_STEPS=1, **pipeline),
                   devices=4, log_dir=tmp_path / "logs")
     console = job.stdout(0)
@@ -284,11 +183,11 @@ def test_pipeline_stages_across_two_processes_train_like_one(tmp_path):
 @pytest.mark.multiprocess
 def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path):
     port = free_port()
-    command = main_py(tmp_path, 2, port, **RUN)[0]  # process 0 of 2; process 1 never starts
-    command[command.index(f"--distributed_timeout_s={CONNECT_TIMEOUT_S}")] = (
+    command = commands(tmp_path, 2, port, **RUN)[0]  # process 0 of 2; process 1 never starts
+    command[command.index(f"--distributed_timeout_s={DISTRIBUTED_TIMEOUT_S}")] = (
         "--distributed_timeout_s=3")
     start = time.monotonic()
-    job = Job([command], [process_env(4)], tmp_path / "logs")
+    job = Job([command], [isolated_env(4)], tmp_path / "logs")
     try:
         codes = job.wait(60)
     finally:
@@ -306,10 +205,10 @@ def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path)
 def test_two_processes_with_the_same_host_idx(tmp_path):
     """The second process to claim an index stops with one line; the job trains."""
     port = free_port()
-    first, second = main_py(tmp_path, 2, port, **RUN, ICI_MESH_SHAPE=[4, 1, 1],
+    first, second = commands(tmp_path, 2, port, **RUN, ICI_MESH_SHAPE=[4, 1, 1],
                             DCN_MESH_SHAPE=[2, 1, 1])
     # Which of the two index-1 processes reports first is a race; exactly one must lose.
-    job = Job([second, second, first], [process_env(4)] * 3, tmp_path / "logs")
+    job = Job([second, second, first], [isolated_env(4)] * 3, tmp_path / "logs")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     try:
         while any(p.poll() is None for p in job.procs) and time.monotonic() < deadline:
@@ -418,9 +317,9 @@ def worker_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     distributed.initialize(distributed.DistributedOptions(
         server_addr=args.server_addr, num_hosts=args.num_hosts, host_idx=args.host_idx,
-        timeout_s=CONNECT_TIMEOUT_S))
+        timeout_s=DISTRIBUTED_TIMEOUT_S))
 
-    from tests.helpers import make_trainer
+    from tests.support.training import make_trainer
 
     trainer = make_trainer(args.job_log_dir, ICI_MESH_SHAPE=json.loads(args.ici),
                            DCN_MESH_SHAPE=json.loads(args.dcn), **RUN)

@@ -13,23 +13,15 @@ change of process count and layout; and C's final parameters equal that run's.
 """
 
 import re
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 from runner.state import checkpoints
-from tests.test_multiprocess import (
-    CONNECT_TIMEOUT_S,
-    REPO_ROOT,
-    RTOL,
-    RUN,
-    fdl_args,
-    free_port,
-    max_rel_diff,
-    run_job,
-)
+from tests.support.processes import free_port, main_commands, run_job
+from tests.support.tiny import fdl_flags
+from tests.test_multiprocess import RTOL, RUN, max_rel_diff
 
 STEPS_PER_RUN = 2
 TOTAL_STEPS = 3 * STEPS_PER_RUN
@@ -39,7 +31,7 @@ CHAIN = dict(RUN, EVAL_BATCHES=0, SUMMARY_INTERVAL_STEPS=1)
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The uninterrupted run: per-step losses and the final parameters (numpy)."""
-    from tests.helpers import make_trainer, run_steps
+    from tests.support.training import make_trainer, run_steps
 
     trainer = make_trainer(tmp_path_factory.mktemp("one"), ICI_MESH_SHAPE=[1, 8, 1],
                            **dict(CHAIN, MAX_STEPS=TOTAL_STEPS))
@@ -50,18 +42,11 @@ def one_process(tmp_path_factory):
 def main_py_run(tmp_path, name, num, max_steps, restore_from=None, **mesh) -> tuple[dict, str]:
     """One main.py job (num processes); its per-step losses {step: loss} and process 0's output."""
     job_dir = tmp_path / name
-    common = [sys.executable, "-u", str(REPO_ROOT / "main.py"),
-              "--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={job_dir}",
-              *fdl_args(**dict(CHAIN, MAX_STEPS=max_steps, **mesh))]
-    if restore_from is not None:
-        common.append(f"--restore_checkpoint_dir={restore_from}")
-    if num == 1:
-        commands = [common]
-    else:
-        port = free_port()
-        commands = [[*common, f"--server_addr=127.0.0.1:{port}", f"--num_hosts={num}",
-                     f"--host_idx={i}", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}"]
-                    for i in range(num)]
+    restore = [] if restore_from is None else [f"--restore_checkpoint_dir={restore_from}"]
+    commands = main_commands(num, "--fdl_config=experiments.base.BaseExperiment",
+                             f"--job_log_dir={job_dir}",
+                             *fdl_flags(**dict(CHAIN, MAX_STEPS=max_steps, **mesh)), *restore,
+                             port=None if num == 1 else free_port(), multiprocess_gpu=False)
     job = run_job(commands, devices=8 // num, log_dir=tmp_path / f"{name}-logs")
     console = job.stdout(0)
     losses = {int(step): float(loss) for step, loss in

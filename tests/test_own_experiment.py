@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -16,9 +15,9 @@ from pathlib import Path
 import jax
 
 from runner.state import checkpoints
+from tests.support.paths import REPO_ROOT
+from tests.support.processes import TIMEOUT_S, isolated_env, start_main, wait_or_kill
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_S = 300
 MAX_STEPS = 8
 
 USER_MODULE = '''
@@ -110,27 +109,17 @@ class MyCounting(experiments.BaseExperiment):
 
 
 def start(job_dir: Path, user_dir: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI"))}
-    env.update(PYTHONPATH=f"{user_dir}{os.pathsep}{REPO_ROOT}", JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                         "--xla_backend_optimization_level=0 "
-                         "--xla_llvm_disable_expensive_passes=true",
-               JAX_COMPILATION_CACHE_DIR=str(user_dir / "jax_cache"))
+    env = isolated_env(8, compilation_cache=str(user_dir / "jax_cache"),
+                       PYTHONPATH=f"{user_dir}{os.pathsep}{REPO_ROOT}")
     job_dir.mkdir(parents=True, exist_ok=True)
     with open(job_dir / "out.txt", "a") as out:
-        return subprocess.Popen(
-            [sys.executable, "-u", str(REPO_ROOT / "main.py"), "--fdl_config=my_exps.MyCounting",
-             f"--job_log_dir={job_dir}", f"--fdl.MAX_STEPS={MAX_STEPS}"],
-            cwd=user_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return start_main("--fdl_config=my_exps.MyCounting", f"--job_log_dir={job_dir}",
+                          f"--fdl.MAX_STEPS={MAX_STEPS}", cwd=user_dir, env=env, stdout=out,
+                          stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(proc: subprocess.Popen, job_dir: Path) -> str:
-    try:
-        code = proc.wait(TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    code = wait_or_kill(proc)
     out = (job_dir / "out.txt").read_text()
     assert code == 0, out[-3000:]
     return out

@@ -1,4 +1,4 @@
-"""runner/state/pax_format.py: a Pax checkpoint (tests/pax_fixture.py, paxml's files) of known
+"""runner/state/pax_format.py: a Pax checkpoint (tests/support/pax_checkpoints.py, paxml's files) of known
 random weights, read into a Paxloom model, computes the logits and loss that `transformers`
 computes from the same weights, mapped to it by hand here (not through Paxloom's export).
 
@@ -26,7 +26,7 @@ from runner.cluster import mesh as mesh_lib
 from runner.inference.model import abstract_params
 from runner.state import pax_format
 from runner.state.train_state import as_model_batch, praxis_context
-from tests.pax_fixture import flatten, stack_layers, write_pax_checkpoint
+from tests.support.pax_checkpoints import flatten, stack_layers, write_pax_checkpoint
 
 L, D, F, N, H, V, S = 2, 64, 256, 4, 16, 512, 64  # layers, width, hidden, heads, head, vocab, seq
 SIZES = dict(NUM_LAYERS=L, MODEL_DIMS=D, HIDDEN_DIMS=F, NUM_HEADS=N, DIMS_PER_HEAD=H,
@@ -184,7 +184,7 @@ def test_checkpoint_restore_path_reads_a_pax_job_onto_a_runs_mesh(gpt_target, gp
     """CHECKPOINT_RESTORE_PATH=<Pax job directory>: what read_params gives, on [2,2,2]."""
     from core.spec import InitialWeights
     from runner.state import initial_weights
-    from tests.helpers import make_trainer
+    from tests.support.training import make_trainer
 
     job, _ = gpt_checkpoint
     overrides = {**SIZES, "ICI_MESH_SHAPE": [2, 2, 2]}

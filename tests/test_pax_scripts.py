@@ -9,13 +9,18 @@ and the multi-node job's coordinator port is a free one instead of 12345.
 """
 
 import re
-import sys
 
 import pytest
 
-from tests.data_fixtures import REPO_ROOT, make_tfds_data
-from tests.helpers import TINY
-from tests.test_multiprocess import CONNECT_TIMEOUT_S, free_port, process_env, run_job
+from tests.support.data import make_tfds_data
+from tests.support.processes import (
+    DISTRIBUTED_TIMEOUT_S,
+    free_port,
+    isolated_env,
+    main_command,
+    run_job,
+)
+from tests.support.tiny import SHORT_PILE_RUN, tiny_flags
 
 # The scripts' BASE_XLA_FLAGS, verbatim: several are gone from today's XLA, which would
 # abort on them; main.py drops exactly those with a note.
@@ -27,11 +32,8 @@ PAX_XLA_FLAGS = (
     "--xla_gpu_graph_level=0 --xla_gpu_enable_async_all_reduce=true")
 CONFIGS = "paxml.contrib.gpu.scripts_gpu.configs"
 # The tiny model (same shapes for training and the Lambada evaluation of its checkpoint).
-TINY_OVERRIDES = [f"--fdl.{k}={v!r}" for k, v in {
-    **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
-    "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LAMBADA_MAX_EXAMPLES": 8,
-    "LR_COS_WARMUP": 1, "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4,
-    "CHECKPOINT_EVERY_N_STEPS": 4}.items() if k != "FPROP_DTYPE"]
+TINY_OVERRIDES = tiny_flags(**SHORT_PILE_RUN, FPROP_DTYPE=None, LAMBADA_MAX_EXAMPLES=8,
+                            CHECKPOINT_EVERY_N_STEPS=4)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def pax_data(tmp_path_factory):
 
 
 def pax_env(devices: int, **extra) -> dict[str, str]:
-    env = process_env(devices)
+    env = isolated_env(devices)
     env["XLA_FLAGS"] = f"{PAX_XLA_FLAGS} {env['XLA_FLAGS']}"  # export XLA_FLAGS="$BASE ${XLA_FLAGS}"
     return {**env, **extra}
 
@@ -52,15 +54,14 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     tfds_data_dir, vocab = pax_data
     log_dir = tmp_path / "test_logdir"
     # run_pile_singlenode.sh TFDS_DATA_DIR VOCAB_PATH float32 8 1 LOG_DIR
-    pile = [sys.executable, "-u", str(REPO_ROOT / "main.py"),
-            f"--job_log_dir={log_dir}",
-            f"--fdl_config={CONFIGS}.Pile126M",
-            '--fdl.FPROP_DTYPE="float32"',
-            "--fdl.ICI_MESH_SHAPE=[8, 1, 1]",
-            "--fdl.DCN_MESH_SHAPE=[1,1,1]",
-            "--fdl.PERCORE_BATCH_SIZE=1",
-            f"--tfds_data_dir={tfds_data_dir}",
-            "--alsologtostderr", *TINY_OVERRIDES]
+    pile = main_command(f"--job_log_dir={log_dir}",
+                        f"--fdl_config={CONFIGS}.Pile126M",
+                        '--fdl.FPROP_DTYPE="float32"',
+                        "--fdl.ICI_MESH_SHAPE=[8, 1, 1]",
+                        "--fdl.DCN_MESH_SHAPE=[1,1,1]",
+                        "--fdl.PERCORE_BATCH_SIZE=1",
+                        f"--tfds_data_dir={tfds_data_dir}",
+                        "--alsologtostderr", *TINY_OVERRIDES, unbuffered=True)
     job = run_job([pile], 8, tmp_path / "pile_logs",
                   envs=[pax_env(8, VOCAB_PATH=str(vocab))])
     out, err = job.stdout(0), job.stderr(0)
@@ -72,15 +73,14 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     assert f"note: --fdl_config={CONFIGS}.Pile126M runs Paxloom's experiments.Pile126M" in err
 
     # run_lambada_singlenode.sh TFDS_DATA_DIR VOCAB_PATH LOG_DIR (no XLA_FLAGS of its own)
-    lambada = [sys.executable, str(REPO_ROOT / "main.py"),
-               f"--job_log_dir={log_dir}",
-               f"--exp={CONFIGS}.Lambada126M",
-               f"--tfds_data_dir={tfds_data_dir}",
-               "--mode=eval",
-               "--should_log_compiles=True",
-               "--alsologtostderr", *TINY_OVERRIDES]
+    lambada = main_command(f"--job_log_dir={log_dir}",
+                           f"--exp={CONFIGS}.Lambada126M",
+                           f"--tfds_data_dir={tfds_data_dir}",
+                           "--mode=eval",
+                           "--should_log_compiles=True",
+                           "--alsologtostderr", *TINY_OVERRIDES)
     job = run_job([lambada], 8, tmp_path / "lambada_logs",
-                  envs=[process_env(8) | {"VOCAB_PATH": str(vocab)}])
+                  envs=[isolated_env(8, VOCAB_PATH=str(vocab))])
     assert "evaluating step 4" in job.stdout(0)
     assert "eval lambada | accuracy" in job.stdout(0)
     assert "Finished XLA compilation" in job.stderr(0)  # --should_log_compiles
@@ -100,8 +100,7 @@ def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):
     num_gpus = tasks_per_node  # run_pile_multinode.sh's NUM_GPUS: the GPUs of a node
     commands, envs = [], []
     for rank in range(nodes * tasks_per_node):
-        commands.append([
-            sys.executable, "-u", str(REPO_ROOT / "main.py"),
+        commands.append(main_command(
             f"--job_log_dir={tmp_path}/workspace/pile_126m",  # the .sub's workspace/${LOG_DIR_LOCAL}
             f"--fdl_config={CONFIGS}.Pile126M",
             f"--tfds_data_dir={tfds_data_dir}",
@@ -113,8 +112,8 @@ def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):
             f"--server_addr=127.0.0.1:{port}",
             f"--num_hosts={nodes * tasks_per_node}",
             f"--host_idx={rank}",
-            "--alsologtostderr", f"--distributed_timeout_s={CONNECT_TIMEOUT_S}",
-            *TINY_OVERRIDES])
+            "--alsologtostderr", f"--distributed_timeout_s={DISTRIBUTED_TIMEOUT_S}",
+            *TINY_OVERRIDES, unbuffered=True))
         envs.append(pax_env(
             1, VOCAB_PATH=str(vocab), XLA_PYTHON_CLIENT_MEM_FRACTION="0.85",
             SLURM_JOB_NUM_NODES=str(nodes), SLURM_LAUNCH_NODE_IPADDR="127.0.0.1",

@@ -14,7 +14,8 @@ from core.errors import UserError
 from experiments.base import BaseExperiment
 from layers.stack import transformer_layer_template
 from runner.state import checkpoints
-from tests.helpers import TINY, make_trainer, run_steps
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer, run_steps
 
 # The values of paxml/contrib/gpu/scripts_gpu/configs.py (GPT126M, GPT175B).
 PAX_GPU_VALUES = dict(

@@ -17,7 +17,8 @@ from experiments.llama import LlamaTiny
 from layers import layer_layout
 from layers.stack import transformer_layer_template
 from runner.state import checkpoints
-from tests.helpers import TINY, make_trainer, run_steps
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer, run_steps
 
 STEPS = 5
 # The learning rate moves the weights from step 2 on (step 1 runs at rate 0).

@@ -1,4 +1,4 @@
-"""--mode=plan (runner/planning/plan.py, runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
+"""--mode=plan (launch/plan.py, runner/planning/plan.py, runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
 the fit verdict and its re-planned changes, and the plan against a real run."""
 
 import dataclasses
@@ -8,9 +8,12 @@ import jax
 import pytest
 
 import experiments
-from runner.planning import hlo_text, plan
-from tests.helpers import TINY, make_trainer
-from tests.test_main_cli import run_main
+from launch import plan
+from runner.planning import hlo_text
+from runner.planning import plan as planning
+from tests.support.processes import run_main
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -172,7 +175,7 @@ def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
     # The experiment of measured_plan, so the subprocess finds its step in this module's
     # compilation cache; on a device on which that plan misses by 10%.
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir)
-    memory_gb = 0.9 * measured_plan.memory.peak / plan.DEFAULT_MEM_FRACTION / 1e9
+    memory_gb = 0.9 * measured_plan.memory.peak / planning.DEFAULT_MEM_FRACTION / 1e9
     assert not plan.fits(measured_plan,
                          plan.memory_budget(plan.DEVICE_KINDS["a100-40gb"], memory_gb))
     # measured_plan was planned with this CPU's attention (praxis); a plan for a GPU would
@@ -249,6 +252,6 @@ def test_a_cudnn_run_plans_on_cpu_with_the_fused_kernels_memory():
     peaks = {}
     for impl in ("praxis", "cudnn"):
         exp = experiments.BaseExperiment(**{**TINY, **shape, "ATTENTION_IMPL": impl})
-        peaks[impl] = plan.plan(exp, exp.run_config(plan_for_hopper=True)).memory.temporaries
+        peaks[impl] = plan.plan(exp, exp.run_config(target=planning.target_device("h100"))).memory.temporaries
     # praxis keeps float32 scores per layer (4 x 8 x 512 x 512 x 4 bytes) and more.
     assert peaks["praxis"] - peaks["cudnn"] > 32 * 2**20, peaks

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from runner.planning import gpu_target, hlo_text
-from tests.test_main_cli import run_main
+from tests.support.processes import run_main
 
 needs_plugin = pytest.mark.skipif(not gpu_target.installed(),
                                   reason="XLA:GPU's plugin is not installed (make install)")

@@ -1,4 +1,4 @@
-"""--mode=plan for pipelined runs (runner/planning/plan.py): the bubble of the schedule, the
+"""--mode=plan for pipelined runs (launch/plan.py, runner/planning/plan.py): the bubble of the schedule, the
 stage-to-stage sends read from the compiled program and the links they cross, the
 single changes that keep the stage axis; and GPT175BPipelined, the reference experiment
 that needs pipelining, against its source and planned for its H100 cluster."""
@@ -11,9 +11,10 @@ import pytest
 
 import experiments
 from core import spec
-from runner.planning import plan
-from tests.helpers import TINY
-from tests.test_main_cli import run_main
+from launch import plan
+from runner.planning import plan as planning
+from tests.support.processes import run_main
+from tests.support.tiny import TINY
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -26,7 +27,7 @@ CIRCULAR_DCN = dict(ICI_MESH_SHAPE=[1, 1, 2, 2], DCN_MESH_SHAPE=[2, 1, 1, 1], NU
                     CIRCULAR_REPEAT=2, PERCORE_BATCH_SIZE=2, NUM_MICROBATCHES=4)
 
 
-def planned(**overrides) -> plan.Plan:
+def planned(**overrides) -> planning.Plan:
     exp = experiments.BaseExperiment(**{**TINY, **overrides})
     return plan.plan(exp, exp.run_config())
 
@@ -52,7 +53,7 @@ def test_gpipe_plan_reports_its_bubble_and_stage_sends_over_nvlink(gpipe_ici):
     sends = p.stage_transfers
     assert sends and sum(t.sent_bytes for t in sends) > 0
     assert {t.links for t in sends} == {"ICI"}
-    text = "\n".join(plan._describe(p))
+    text = "\n".join(planning.describe(p))
     assert "GRADIENT_ACCUMULATION_STEPS=2: 2 sub-batches of 8 sequences" in text
     assert "Pipeline: 2 stages, schedule GPipe (1 layer per stage)" in text
     assert "4 microbatches of 2 sequences per sub-batch (2 sub-batches per step)" in text
@@ -68,7 +69,7 @@ def test_circular_plan_across_nodes_sends_over_the_network(circular_dcn):
     sends = p.stage_transfers
     assert sends and sum(t.sent_bytes for t in sends) > 0
     assert {t.links for t in sends} == {"DCN"}
-    text = "\n".join(plan._describe(p))
+    text = "\n".join(planning.describe(p))
     assert "schedule circular (CIRCULAR_REPEAT=2: each stage holds 2 blocks of 1 layer" in text
     assert "bubble (S-1)/(R*M+S-1) = 1/(2*4+1) = 11.1%" in text
 

@@ -66,7 +66,7 @@ def test_praxis_sees_the_mesh_of_jax_set_mesh(tmp_path, monkeypatch):
 
     from praxis import py_utils
 
-    from tests.helpers import make_trainer
+    from tests.support.training import make_trainer
 
     def trainer():  # a fresh one each time: jit caches a trace per context
         return make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 4, 2])

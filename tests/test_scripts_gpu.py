@@ -7,12 +7,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts_gpu"
+from tests.support.paths import MAIN_PY, REPO_ROOT
+
+SCRIPTS = REPO_ROOT / "scripts_gpu"
 LAUNCHERS = ["run_pile_singlenode.sh", "run_pile_multinode.sh", "run_lambada_singlenode.sh"]
 ALL_SCRIPTS = sorted(SCRIPTS.glob("*.sh")) + sorted(SCRIPTS.glob("*.sub"))
 
@@ -40,8 +40,14 @@ def clean_env(**extra):
     return env
 
 
-def run(cmd, env, cwd=REPO, timeout=60):
+def run(cmd, env, cwd=REPO_ROOT, timeout=60):
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def singlenode(*args) -> list[str]:
+    """run_pile_singlenode.sh TFDS_DATA_DIR VOCAB_PATH DTYPE NUM_GPUS PERCORE_BATCH_SIZE LOG_DIR
+    [FLAGS...] as a command."""
+    return ["bash", str(SCRIPTS / "run_pile_singlenode.sh"), *map(str, args)]
 
 
 @pytest.fixture
@@ -98,22 +104,12 @@ def test_singlenode_builds_main_command(stub_python, inputs, tmp_path):
     data, vocab = inputs
     logdir = tmp_path / "logs"
     res = run(
-        [
-            "bash",
-            str(SCRIPTS / "run_pile_singlenode.sh"),
-            str(data),
-            str(vocab),
-            "bfloat16",
-            "2",
-            "0.5",
-            str(logdir),
-            "--fdl.MAX_STEPS=5",
-        ],
+        singlenode(data, vocab, "bfloat16", 2, 0.5, logdir, "--fdl.MAX_STEPS=5"),
         env=clean_env(PYTHON=str(stub), XLA_FLAGS="--xla_dump_to=/tmp/x"),
     )
     assert res.returncode == 0, res.stderr
     rec = json.loads(out.read_text())
-    assert rec["argv"][:2] == ["-u", str(REPO / "main.py")]
+    assert rec["argv"][:2] == ["-u", str(MAIN_PY)]
     assert rec["argv"][2:] == [
         "--fdl_config=experiments.GPT126M",
         f"--job_log_dir={logdir}",
@@ -240,23 +236,13 @@ def test_recommended_xla_flags_are_known_to_this_xla():
 
 def test_singlenode_trains_tiny_on_cpu(tmp_path):
     """End to end: the script drives the real main.py for two steps of the Tiny experiment."""
-    if not (REPO / "main.py").exists():
+    if not MAIN_PY.exists():
         pytest.skip("main.py not written yet")
     sample_corpus = pytest.importorskip("tasks.sample_corpus")
     data_dir, vocab_path = sample_corpus.ensure_sample_data()
     logdir = tmp_path / "logs"
     res = run(
-        [
-            "bash",
-            str(SCRIPTS / "run_pile_singlenode.sh"),
-            str(data_dir),
-            str(vocab_path),
-            "float32",
-            "2",
-            "1",
-            str(logdir),
-            "--fdl.MAX_STEPS=2",
-        ],
+        singlenode(data_dir, vocab_path, "float32", 2, 1, logdir, "--fdl.MAX_STEPS=2"),
         env=clean_env(EXPERIMENT="Tiny", PYTHON=sys.executable),
         timeout=600,
     )

@@ -12,25 +12,18 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from core.errors import UserError
-from launch import job
+from launch import job, record
 from runner.training import goodput
-from tests import data_fixtures as fx
-from tests.helpers import TINY
-from tests.test_main_cli import REPO_ROOT, run_main
+from tests.support import data as fx
+from tests.support.processes import assert_one_line, run_main, start_main
+from tests.support.tiny import TINY, tiny_flags
 
-TINY_FLAGS = [f"--fdl.{k}={v!r}" for k, v in {**TINY, "LAMBADA_EVAL": False}.items()]
-
-
-def assert_one_line(out, message: str, status: int = 2):
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == status and len(lines) == 1, out.stderr[-3000:]
-    assert message in lines[0], lines[0]
+TINY_FLAGS = tiny_flags(LAMBADA_EVAL=False)
 
 
 def _record(run="r1", step=5):
@@ -92,7 +85,7 @@ def test_damaged_run_record_is_set_aside_and_rewritten_on_resume(tmp_path, capsy
     exp, config = tiny
     path = tmp_path / "hyperparameters.json"
     path.write_text(damage)
-    job.record_config(str(tmp_path), exp, config, resumed_step=4)
+    record.record_config(str(tmp_path), exp, config, resumed_step=4)
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "damaged" in line]
     assert line.startswith("warning: ") and "hyperparameters.json" in line
     (aside,) = _set_aside(tmp_path, "hyperparameters.json")
@@ -102,11 +95,11 @@ def test_damaged_run_record_is_set_aside_and_rewritten_on_resume(tmp_path, capsy
 
 def test_damaged_record_beside_a_recorded_graph_is_one_line(tmp_path, tiny):
     exp, config = tiny
-    job.write_config(str(tmp_path), exp, config)
+    record.write_config(str(tmp_path), exp, config)
     (tmp_path / "hyperparameters.json").write_text('{"hyperparameters": {}}')
     with pytest.raises(UserError, match=r"hyperparameters\.json is damaged .*; pass "
                                         r"--fdl_config=experiments\.NAME") as info:
-        job.recorded_experiment(str(tmp_path / "fiddle_graph.json"))
+        record.recorded_experiment(str(tmp_path / "fiddle_graph.json"))
     assert "\n" not in str(info.value)
 
 
@@ -203,7 +196,7 @@ def test_export_output_that_cannot_be_created_is_one_line(tmp_path, tiny, where)
 
     exp, config = tiny
     run = tmp_path / "run"
-    job.write_config(str(run), exp, config)  # no checkpoint: the check comes before reading
+    record.write_config(str(run), exp, config)  # no checkpoint: the check comes before reading
     if where == "under a file":
         (tmp_path / "file").write_text("x")
         output, message = tmp_path / "file" / "hf", "is a file, not a directory"
@@ -245,11 +238,10 @@ def test_ctrl_c_in_training_saves_like_sigterm_and_a_second_stops_at_once():
 @pytest.mark.slow
 @pytest.mark.usefixtures("compilation_cache")
 def test_ctrl_c_during_a_run_saves_and_exits_without_a_traceback(tmp_path):
-    command = [sys.executable, "main.py", "--fdl_config=experiments.Tiny", *TINY_FLAGS,
-               "--fdl.MAX_STEPS=100000", "--fdl.CHECKPOINT_EVERY_N_STEPS=0",
-               f"--job_log_dir={tmp_path}"]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = start_main("--fdl_config=experiments.Tiny", *TINY_FLAGS,
+                         "--fdl.MAX_STEPS=100000", "--fdl.CHECKPOINT_EVERY_N_STEPS=0",
+                         f"--job_log_dir={tmp_path}", unbuffered=False,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         if line.startswith("step ") and "|" in line:
             break
@@ -272,7 +264,7 @@ def test_corrupt_training_data_ends_with_the_error_line(tmp_path, tmp_path_facto
     else:
         raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
     bad.write_bytes(bytes(raw))
-    flags = [f for f in TINY_FLAGS if not f.startswith("--fdl.DATASET=")]
+    flags = tiny_flags(LAMBADA_EVAL=False, DATASET=None)
     out = run_main("--fdl_config=experiments.Tiny", *flags, "--fdl.DATASET='pile'",
                    "--fdl.LAMBADA_EVAL=False", f"--data_dir={data}",
                    f"--vocab_path={fx.tiny_vocab_path(tmp_path_factory)}",

@@ -16,7 +16,8 @@ from experiments.llama import LlamaBase
 from layers import architecture
 from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
 from runner.state.train_state import as_model_batch, praxis_context
-from tests.helpers import TINY, make_trainer
+from tests.support.tiny import TINY
+from tests.support.training import make_trainer
 
 # The brief's tolerance: float32 results within 1e-6 of praxis's, relative to their size.
 RTOL = 1e-6

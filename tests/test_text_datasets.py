@@ -16,14 +16,14 @@ from runner.cluster import mesh as mesh_lib
 from runner.training.trainer import Trainer
 from tasks import datasets
 from tasks.text import TextFiles, held_out
-from tests.data_fixtures import (
+from tests.support.data import (
     as_blocks,
     make_docs,
     tiny_vocab_path,
     train_hf_tokenizer,
     write_corpus,
 )
-from tests.helpers import TINY
+from tests.support.tiny import TINY
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

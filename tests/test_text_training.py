@@ -1,10 +1,7 @@
 """Training on text in the real Pile/Lambada formats, end to end through the runner."""
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 from praxis import pax_fiddle
@@ -14,8 +11,9 @@ from runner.cluster import mesh as mesh_lib
 from runner.training.callbacks import CallbackList, TensorBoard
 from runner.training.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
-from tests.data_fixtures import JAX_ENV, REPO_ROOT, write_lines, write_pile
-from tests.helpers import TINY
+from tests.support.data import write_lines, write_pile
+from tests.support.processes import bare_env, run_main
+from tests.support.tiny import SHORT_PILE_RUN, TINY, tiny_flags
 
 _WORDS = ("amber basil cedar delta ember fable garnet harbor indigo jasper kestrel lumen "
           "meadow nectar orchid pewter quartz raven sable thistle umber violet willow yarrow").split()
@@ -76,18 +74,11 @@ def test_lambada_accuracy_rises_above_chance(tmp_path, learnable_data):
 
 def test_main_trains_on_pile_layout_and_evaluates(tmp_path, learnable_data):
     data_dir, vocab = learnable_data
-    cmd = [sys.executable, "main.py", "--fdl_config=experiments.GPT126M",
-           f"--data_dir={data_dir}", f"--job_log_dir={tmp_path / 'job'}",
-           *[f"--fdl.{k}={v!r}" for k, v in {
-               **TINY, "DATASET": "pile", "VOCAB_SIZE": 512, "ICI_MESH_SHAPE": [8, 1, 1],
-               "PERCORE_BATCH_SIZE": 1, "MAX_STEPS": 4, "SUMMARY_INTERVAL_STEPS": 2,
-               "EVAL_INTERVAL_STEPS": 4, "EVAL_BATCHES": 1, "LR_COS_WARMUP": 1,
-               "LR_COS_DECAY_START": 1, "LR_COS_DECAY_END": 4,
-               "CHECKPOINT_EVERY_N_STEPS": 0}.items()]]
-    env = {**{k: os.environ[k] for k in JAX_ENV},  # conftest: 8 CPU devices
-           "VOCAB_PATH": str(vocab), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_main("--fdl_config=experiments.GPT126M", f"--data_dir={data_dir}",
+                   f"--job_log_dir={tmp_path / 'job'}",
+                   *tiny_flags(**SHORT_PILE_RUN, ICI_MESH_SHAPE=[8, 1, 1], PERCORE_BATCH_SIZE=1,
+                               CHECKPOINT_EVERY_N_STEPS=0),
+                   env=bare_env(VOCAB_PATH=str(vocab), PATH="/usr/bin:/bin"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "eval pile_val | loss" in out.stdout
     assert "eval lambada | accuracy" in out.stdout

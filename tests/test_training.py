@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.helpers import make_trainer, train_losses
+from tests.support.training import make_trainer, train_losses
 
 MESHES = [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2]]
 

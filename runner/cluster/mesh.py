@@ -1,4 +1,4 @@
-"""The device mesh and the global batch: ICI x DCN over axes (stage, replica, data, mdl).
+"""The device mesh: ICI x DCN over axes (stage, replica, data, mdl).
 
 ICI_MESH_SHAPE lays out the devices of one node (NVLink); DCN_MESH_SHAPE lays out the
 nodes (the slow network between them). The mesh size along each axis is
@@ -20,21 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from core.errors import UserError
-
-# (PP, DP, FSDP, TP). Decoder layers are split over stage; model weights are laid out on
-# (data, mdl) and replicated over replica.
-MESH_AXIS_NAMES = ("stage", "replica", "data", "mdl")
-
-# The input batch is split over these axes (DP and FSDP, and the stages: outside the
-# pipelined layers, the embedding and softmax run data-parallel over them, as in Pax);
-# the tensor-parallel axis sees the whole batch.
-BATCH_AXES = ("stage", "replica", "data")
-
-
-def with_stage_axis(shape) -> list[int]:
-    """A mesh shape over MESH_AXIS_NAMES: a three-entry [replica, data, mdl] gets stage 1."""
-    shape = list(shape)
-    return [1, *shape] if len(shape) == len(MESH_AXIS_NAMES) - 1 else shape
+from core.mesh_axes import BATCH_AXES, MESH_AXIS_NAMES, with_stage_axis
 
 
 def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
@@ -101,32 +87,6 @@ def _hybrid(ici, dcn, nodes: list[list]) -> np.ndarray:
 
 def mesh_shape(mesh: Mesh) -> tuple[int, ...]:
     return tuple(mesh.shape[name] for name in MESH_AXIS_NAMES)
-
-
-def global_batch_size(percore_batch_size: float, mesh: Mesh) -> int:
-    """GLOBAL_BATCH_SIZE = PERCORE_BATCH_SIZE x devices, whatever the strategy (Pax rule).
-
-    PERCORE_BATCH_SIZE may be fractional with tensor or pipeline parallelism: with TP=2,
-    0.5 gives each model replica one sequence per step.
-    """
-    num_devices = mesh.devices.size
-    exact = percore_batch_size * num_devices
-    batch = round(exact)
-    batch_shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
-    if abs(exact - batch) > 1e-6 or batch < 1:
-        raise UserError(
-            f"PERCORE_BATCH_SIZE={percore_batch_size} x {num_devices} devices = {exact:g} "
-            f"is not a whole number of sequences; pick PERCORE_BATCH_SIZE so that the "
-            f"product is an integer, e.g. {max(1, round(exact)) / num_devices:g}"
-        )
-    if batch % batch_shards:
-        raise UserError(
-            f"GLOBAL_BATCH_SIZE={batch} (PERCORE_BATCH_SIZE={percore_batch_size} x "
-            f"{num_devices} devices) does not split over {batch_shards} data-parallel "
-            f"shards (stage x replica x data); the smallest PERCORE_BATCH_SIZE for this mesh "
-            f"is {batch_shards / num_devices:g}, and it must be a multiple of that"
-        )
-    return batch
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

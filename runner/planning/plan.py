@@ -31,7 +31,9 @@ from jax.sharding import Mesh
 from praxis import pax_fiddle
 
 from core import spec
+from core.batch import BatchLayout
 from core.errors import UserError
+from core.target import TargetDevice
 from runner.cluster import mesh as mesh_lib
 from runner.planning import gpu_target, hlo_text
 from runner.training import throughput
@@ -44,31 +46,28 @@ class DeviceKind:
     name: str
     memory_bytes: int  # total, as nvidia-smi reports it
     peak_flops: float  # dense bf16 FLOP/s (runner/training/throughput.py's table)
-    hopper: bool  # compute capability 9.0+: cuDNN's packed attention (layers/attention.py)
 
 
 DEVICE_KINDS = {
-    "h100": DeviceKind("H100 80GB", 81559 * 2**20, throughput.PEAK_FLOPS_BF16["H100"], True),
-    "h200": DeviceKind("H200 141GB", 143771 * 2**20, throughput.PEAK_FLOPS_BF16["H200"], True),
-    "a100-80gb": DeviceKind("A100 80GB", 81920 * 2**20, throughput.PEAK_FLOPS_BF16["A100"], False),
-    "a100-40gb": DeviceKind("A100 40GB", 40960 * 2**20, throughput.PEAK_FLOPS_BF16["A100"], False),
+    "h100": DeviceKind("H100 80GB", 81559 * 2**20, throughput.PEAK_FLOPS_BF16["H100"]),
+    "h200": DeviceKind("H200 141GB", 143771 * 2**20, throughput.PEAK_FLOPS_BF16["H200"]),
+    "a100-80gb": DeviceKind("A100 80GB", 81920 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
+    "a100-40gb": DeviceKind("A100 40GB", 40960 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
 }
+
+
+def target_device(key: str) -> TargetDevice:
+    """The GPU `--plan_device=key` names, as the config builder targets it."""
+    if key not in DEVICE_KINDS:
+        raise UserError(f"--plan_device={key}: one of {', '.join(DEVICE_KINDS)}")
+    return TargetDevice(platform="gpu", kind=DEVICE_KINDS[key].name.split()[0],
+                        compute_capability=gpu_target.TARGETS[key].compute_capability,
+                        planned=True)
+
 
 # JAX gives XLA this fraction of each GPU's memory; scripts_gpu/common.sh sets 0.85 (JAX's
 # own default is 0.75), and XLA_PYTHON_CLIENT_MEM_FRACTION here overrides it as it would there.
 DEFAULT_MEM_FRACTION = 0.85
-
-# MFU measured on real hardware, by experiment and device kind key: (MFU, how it was
-# measured). From the README's "Measured" table; bench/gpu_bench.py measures more.
-MEASURED_MFU: dict[str, dict[str, tuple[float, str]]] = {
-    "GPT1_3B": {"h100": (0.524, "PERCORE_BATCH_SIZE=4, ATTENTION_IMPL=cudnn, unpacked rows, "
-                                "jax 0.11.2, one GPU")},
-}
-
-# Rematerialisation policies from most to least memory (praxis names; "none" = no remat in
-# a plain stack, save everything in a repeated one).
-REMAT_LADDER = ("none", "save_dot_except_logits_ffn1", "save_dot_with_no_batch_dims",
-                "save_qkv_out_proj", "save_nothing")
 
 GPU_CAVEATS = """\
 - Compiled by XLA:GPU (jax {jax}'s CUDA plugin) for the planned GPU's description, without
@@ -141,11 +140,13 @@ class Memory:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    experiment: str
-    hyperparameters: dict
+    experiment: str  # the launcher's label
+    hyperparameters: dict  # the launcher's, for its report and re-plans; never read here
     mesh_shape: dict[str, int]
+    ici: list[int]  # ICI_MESH_SHAPE over the mesh's four axes
+    dcn: list[int]
     num_devices: int
-    global_batch: int
+    batch: BatchLayout
     seq_len: int
     num_params: int
     matmul_params: int
@@ -157,21 +158,29 @@ class Plan:
     compiler: str  # "gpu" (XLA:GPU for `device`'s description) or "cpu" (XLA:CPU)
     device: str  # the DEVICE_KINDS key compiled for (XLA:GPU) or planned for
     compiled: object = dataclasses.field(repr=False)  # the jax Compiled step (HLO, analyses)
+    num_layers: int = 0
     pipeline: spec.PipelineSpec | None = None  # None: one stage
-    accumulation_steps: int = 1  # GRADIENT_ACCUMULATION_STEPS: sub-batches per update
 
     @property
     def compiler_name(self) -> str:
         return "XLA:GPU" if self.compiler == "gpu" else "XLA:CPU"
 
     @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
+    def global_batch(self) -> int:
+        return self.batch.global_batch
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.batch.accumulation_steps
 
     @property
     def sub_batch(self) -> int:
         """Sequences of one pass through the model: the global batch / accumulation steps."""
-        return self.global_batch // self.accumulation_steps
+        return self.batch.sub_batch
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
 
     @property
     def bubble(self) -> float:
@@ -183,23 +192,20 @@ class Plan:
         return hlo_text.stage_transfers(self.traffic)
 
 
-def device_count(exp) -> int:
-    return math.prod(exp.ICI_MESH_SHAPE) * math.prod(exp.DCN_MESH_SHAPE)
-
-
 COMPILERS = ("auto", "gpu", "cpu")
 
 
-def start(exp, compiler: str = "auto") -> str:
-    """Before jax starts: make ready the compiler to plan `exp` with, and return it: "gpu"
-    (XLA:GPU, when its plugin is installed; `auto` prefers it) or "cpu"."""
+def start(device_count: int, compiler: str = "auto") -> str:
+    """Before jax starts: make ready the compiler to plan a mesh of `device_count` devices
+    with, and return it: "gpu" (XLA:GPU, when its plugin is installed; `auto` prefers it)
+    or "cpu"."""
     if compiler not in COMPILERS:
         raise UserError(f"--plan_compiler={compiler}: one of {', '.join(COMPILERS)}")
     from jax._src import xla_bridge
 
     started = xla_bridge.backends_are_initialized()  # too late to load a plugin
     if compiler == "cpu" or compiler == "auto" and (started or not gpu_target.installed()):
-        use_host_devices(device_count(exp))
+        use_host_devices(device_count)
         return "cpu"
     if not gpu_target.installed():
         raise UserError(f"--plan_compiler=gpu: XLA:GPU's plugin is not installed (`make "
@@ -233,10 +239,13 @@ def use_host_devices(count: int) -> list:
     return devices[:count]
 
 
-def plan(exp, config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
-         device_memory_gb: float = 0.0) -> Plan:
-    """Compile the train step of `exp`'s run graph `config` for its mesh, with XLA:GPU for
-    `device` (`compiler="gpu"`, after start()) or on fake CPU devices, and read the result."""
+def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
+         device_memory_gb: float = 0.0, experiment: str = "",
+         hyperparameters: dict | None = None) -> Plan:
+    """Compile the train step of the run graph `config` for its mesh, with XLA:GPU for
+    `device` (`compiler="gpu"`, after start()) or on fake CPU devices, and read the result.
+    `experiment` and `hyperparameters` are the launcher's labels, carried for its report
+    and re-plans; the plan itself reads only the graph."""
     from runner.training.trainer import Trainer
 
     config = copy.deepcopy(config)
@@ -248,7 +257,7 @@ def plan(exp, config: fdl.Config, *, compiler: str = "cpu", device: str = "h100"
     else:
         devices = use_host_devices(math.prod(ici) * math.prod(dcn))
     if config.make_train_input is None:
-        raise UserError(f"{type(exp).__name__} is evaluation-only; --mode=plan plans training")
+        raise UserError(f"{config.name} is evaluation-only; --mode=plan plans training")
     # The step never sees the inputs or the tokenizer: leave them out, so planning needs no
     # data (and no vocabulary) on disk.
     config.make_train_input = None
@@ -287,16 +296,15 @@ def plan(exp, config: fdl.Config, *, compiler: str = "cpu", device: str = "h100"
     program = compiled.as_text()
     traffic = hlo_text.step_traffic(program, dict(mesh.shape), ici, dcn)
     return Plan(
-        experiment=f"{type(exp).__module__}.{type(exp).__name__}",
-        hyperparameters=exp.hyperparameters(), mesh_shape=dict(mesh.shape),
-        num_devices=len(devices), global_batch=trainer.global_batch_size,
+        experiment=experiment, hyperparameters=dict(hyperparameters or {}),
+        mesh_shape=dict(mesh.shape), ici=ici, dcn=dcn,
+        num_devices=len(devices), batch=trainer.batch_layout,
         seq_len=run.model_shape.seq_len, num_params=trainer.num_params,
         matmul_params=throughput.matmul_param_count(state["params"]),
         flops_per_token=trainer.flops_per_token, memory=memory, traffic=traffic,
         upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
         compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
-        pipeline=run.pipeline,
-        accumulation_steps=run.loop.gradient_accumulation_steps)
+        num_layers=run.model_shape.num_layers, pipeline=run.pipeline)
 
 
 def _device_bytes(tree) -> int:
@@ -319,169 +327,9 @@ def fits(p: Plan, budget: int) -> bool:
     return p.memory.peak <= budget
 
 
-@dataclasses.dataclass(frozen=True)
-class Change:
-    """One change of hyperparameters and its re-plan (or why it could not be planned)."""
-
-    overrides: dict
-    cost: str
-    plan: Plan | None = None
-    error: str | None = None
-
-    @property
-    def flags(self) -> str:
-        return " ".join(f"--fdl.{k}={_literal(v)}" for k, v in self.overrides.items())
-
-
-def _literal(value) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value).replace(" ", "")
-
-
-def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
-    """Per kind of change, single changes from the cheapest to the dearest."""
-    hp = p.hyperparameters
-    policy = hp["CHECKPOINT_POLICY"]
-    later = (REMAT_LADDER[REMAT_LADDER.index(policy) + 1:] if policy in REMAT_LADDER
-             else ("save_nothing",) if policy != "save_nothing" else ())
-    remat = [({"CHECKPOINT_POLICY": name}, "recomputes more of the forward pass in the "
-              "backward pass (up to one more forward: about 1/3 more FLOPs)") for name in later]
-    # Each sub-batch (GRADIENT_ACCUMULATION_STEPS) splits over the batch shards.
-    shards = math.prod(p.mesh_shape.get(a, 1) for a in mesh_lib.BATCH_AXES)
-    steps = p.accumulation_steps
-    batch, size = [], hp["PERCORE_BATCH_SIZE"]
-    while True:
-        size /= 2
-        exact = size * p.num_devices
-        if exact < shards * steps or exact != int(exact) or int(exact) % (shards * steps):
-            break
-        batch.append(({"PERCORE_BATCH_SIZE": int(size) if size == int(size) else size},
-                      f"{size * p.num_devices:g} sequences per step instead of "
-                      f"{p.global_batch}: a different optimisation (re-tune the learning "
-                      f"rate) and less work per device to hide communication behind"))
-    accumulate = []
-    while p.global_batch % (shards * steps * 2) == 0:
-        steps *= 2
-        accumulate.append(({"GRADIENT_ACCUMULATION_STEPS": steps},
-                           f"the same update (global batch {p.global_batch}) run as {steps} "
-                           f"sub-batches of {p.global_batch // steps} one after another: less "
-                           f"work per pass to hide communication behind" + (
-                               ", and a pipeline fill and drain per sub-batch"
-                               if p.pipeline is not None else "")))
-    fsdp = []
-    # Three-entry shapes are [replica, data, mdl]; four put the stages first, kept as they are.
-    *ici_stage, replica, data, mdl = hp["ICI_MESH_SHAPE"]
-    *dcn_stage, dcn_replica, dcn_data, dcn_mdl = hp["DCN_MESH_SHAPE"]
-    ici = [*ici_stage, replica, data, mdl]
-    if replica > 1:  # the replica axis's devices within a node shard the weights instead
-        ici = [*ici_stage, 1, replica * data, mdl]
-        fsdp.append(({"ICI_MESH_SHAPE": ici}, "weights gathered over NVLink for every "
-                     "layer, forward and backward, instead of held whole"))
-    if dcn_replica > 1:  # ... and across nodes too
-        fsdp.append(({"ICI_MESH_SHAPE": ici,
-                      "DCN_MESH_SHAPE": [*dcn_stage, 1, dcn_replica * dcn_data, dcn_mdl]},
-                     "weights gathered across nodes (the slow network) for every layer"))
-    changes = {"rematerialisation (CHECKPOINT_POLICY)": remat,
-               "smaller batch (PERCORE_BATCH_SIZE)": batch,
-               "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
-               "more FSDP (mesh)": fsdp}
-    if p.pipeline is not None:
-        changes["more, smaller microbatches (pipeline)"] = _more_microbatches(p)
-    return changes
-
-
-def _more_microbatches(p: Plan) -> list[tuple[dict, str]]:
-    """NUM_MICROBATCHES doubled (or MICROBATCH_SIZE halved) while the microbatches still
-    split over each stage's replica x data shards: less alive per pipeline iteration, and a
-    smaller bubble."""
-    hp, pipe = p.hyperparameters, p.pipeline
-    shards = p.mesh_shape.get("replica", 1) * p.mesh_shape.get("data", 1)
-    found, count = [], pipe.num_microbatches
-    while p.sub_batch % (count * 2) == 0 and (p.sub_batch // (count * 2)) % shards == 0:
-        count *= 2
-        bubble = dataclasses.replace(pipe, num_microbatches=count).bubble_fraction()
-        change = ({"MICROBATCH_SIZE": p.sub_batch // count} if hp.get("MICROBATCH_SIZE")
-                  else {"NUM_MICROBATCHES": count})
-        found.append((change, f"{count} microbatches of {p.sub_batch // count} per sub-batch: "
-                              f"smaller matmuls per pipeline iteration; the bubble shrinks "
-                              f"to {bubble:.1%}"))
-    return found
-
-
-def find_changes(exp, p: Plan, budget: int, variant_graph,
-                 device_memory_gb: float = 0.0) -> dict[str, list[Change]]:
-    """Per kind, the candidates tried in order, up to and including the first that fits;
-    `variant_graph(experiment)` is a changed experiment's run graph, as the command line
-    would build it (its graph overrides kept)."""
-    found = {}
-    for kind, candidates in candidate_changes(p).items():
-        tried = []
-        for changed, cost in candidates:
-            try:
-                variant = type(exp)(**{**exp.hyperparameters(), **changed})
-                change = Change(changed, cost, plan=plan(
-                    variant, variant_graph(variant), compiler=p.compiler, device=p.device,
-                    device_memory_gb=device_memory_gb))
-            except UserError as error:
-                change = Change(changed, cost, error=str(error))
-            tried.append(change)
-            if change.plan is not None and fits(change.plan, budget):
-                break
-        found[kind] = tried
-    return found
-
-
-def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
-           device: str = "h100", mfu: float = 0.4, device_memory_gb: float = 0.0) -> str:
-    """The plan of `exp`'s run graph `config` as text: what `main.py --mode=plan` prints.
-    `variant_graph(experiment)` builds a changed experiment's graph, as the command line
-    built `config`, to re-plan the changes that would fit; `compiler` is start()'s."""
-    if device not in DEVICE_KINDS:
-        raise UserError(f"--plan_device={device}: one of {', '.join(DEVICE_KINDS)}")
-    if not 0 < mfu <= 1:
-        raise UserError(f"--plan_mfu={mfu}: a fraction in (0, 1], e.g. 0.4")
-    began = time.perf_counter()
-    p = plan(exp, config, compiler=compiler, device=device, device_memory_gb=device_memory_gb)
-    chosen = DEVICE_KINDS[device]
-    budget = memory_budget(chosen, device_memory_gb)
-    lines = _describe(p)
-    compiled_for = f"; the program compiled for {chosen.name}" if compiler == "gpu" else ""
-    lines += ["", f"Verdict (XLA may use {memory_fraction():.0%} of a GPU's memory: "
-              f"XLA_PYTHON_CLIENT_MEM_FRACTION, as scripts_gpu/common.sh sets it"
-              f"{compiled_for})"]
-    for key, kind in DEVICE_KINDS.items():
-        size = memory_budget(kind, device_memory_gb if key == device else 0.0)
-        name = kind.name + (f" (given {device_memory_gb:g} GB)"
-                            if key == device and device_memory_gb > 0 else "")
-        lines.append(f"  {name:<26} {_size(size):>9} usable  {_verdict(p, size)}")
-    if not fits(p, budget):
-        lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
-        for kind, tried in find_changes(exp, p, budget, variant_graph,
-                                        device_memory_gb).items():
-            lines += _describe_changes(kind, tried, budget)
-    step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
-    # A pipeline's stages compute at that MFU while busy, and wait out the bubble.
-    step_s /= 1 - p.bubble
-    bubble = (f", the pipeline bubble ({p.bubble:.1%} idle) included" if p.pipeline is not None
-              else "")
-    measured = MEASURED_MFU.get(type(exp).__name__, {}).get(device)
-    lines += ["", f"Speed on {p.num_devices} x {chosen.name} at an assumed MFU of {mfu:.0%} "
-              f"(--plan_mfu)",
-              f"  step time {step_s:.3g} s, {p.tokens_per_step / step_s:,.0f} tokens/s, "
-              f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device{bubble}",
-              f"  measured MFU on {chosen.name}: " + (
-                  f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
-                  f"none recorded for {type(exp).__name__} yet (bench/gpu_bench.py "
-                  f"measures it)")]
-    caveats = (GPU_CAVEATS.format(jax=jax.__version__) if compiler == "gpu"
-               else CPU_CAVEATS)
-    lines += ["", f"Caveats ({p.compiler_name})", caveats, COMMON_CAVEATS, "",
-              f"planned in {time.perf_counter() - began:.1f}s "
-              f"(train step compiled by {p.compiler_name} in {p.compile_s:.1f}s)"]
-    return "\n".join(lines)
-
-
-def _describe(p: Plan) -> list[str]:
-    hp, shape = p.hyperparameters, p.mesh_shape
+def describe(p: Plan) -> list[str]:
+    """The plan as lines of text: the model, memory per device, collectives, pipeline."""
+    shape = p.mesh_shape
     m = p.memory
     unit, scale = ("GiB", GiB) if m.peak >= GiB else ("MiB", 2**20)
 
@@ -492,10 +340,9 @@ def _describe(p: Plan) -> list[str]:
     lines = [
         f"Plan: {p.experiment} on {p.num_devices} devices, mesh "
         + " x ".join(f"{k}={v}" for k, v in shape.items())
-        + f" (ICI {hp['ICI_MESH_SHAPE']} x DCN {hp['DCN_MESH_SHAPE']})",
+        + f" (ICI {p.ici} x DCN {p.dcn})",
         f"  global batch {p.global_batch} x {p.seq_len} = {p.tokens_per_step:,} tokens per "
-        f"step; PERCORE_BATCH_SIZE={hp['PERCORE_BATCH_SIZE']:g}, "
-        f"CHECKPOINT_POLICY={hp['CHECKPOINT_POLICY']}, FPROP_DTYPE={hp['FPROP_DTYPE']}",
+        f"step; PERCORE_BATCH_SIZE={p.batch.percore_batch_size:g}",
     ]
     lines.append(
         f"  compiled by XLA:GPU for {DEVICE_KINDS[p.device].name}, without one "
@@ -527,7 +374,7 @@ def _describe(p: Plan) -> list[str]:
     if big:
         lines.append("  XLA:CPU's float32 copies of bfloat16 arrays (a GPU keeps them in bfloat16; "
                      "sizes, not all live at once):")
-        lines += [f"    {array} {_size(size)}" for array, size in big[:5]]
+        lines += [f"    {array} {format_bytes(size)}" for array, size in big[:5]]
     lines += [
         "",
         "Collectives per step, per device (ring estimates; buffer = the whole gathered or "
@@ -538,20 +385,20 @@ def _describe(p: Plan) -> list[str]:
     for t in p.traffic:
         axes = "+".join(t.axes) or "(unread)"
         lines.append(f"  {t.op:<19} {axes:<18} {t.links:<8} {t.group_size:>7} {t.count:>6} "
-                     f"{_size(t.buffer_bytes):>10} {_size(t.sent_bytes):>10}")
+                     f"{format_bytes(t.buffer_bytes):>10} {format_bytes(t.sent_bytes):>10}")
     if not p.traffic:
         lines.append("  none (every device computes alone)")
     if p.pipeline is not None:
-        lines += ["", *_describe_pipeline(p)]
+        lines += ["", *describe_pipeline(p)]
     return lines
 
 
-def _describe_pipeline(p: Plan) -> list[str]:
+def describe_pipeline(p: Plan) -> list[str]:
     """The schedule, its bubble and what the stages send each other."""
     pipe = p.pipeline
     s, m, r = pipe.num_stages, pipe.num_microbatches, pipe.circular_repeat
     blocks = s * r
-    layers = p.hyperparameters["NUM_LAYERS"] // blocks
+    layers = p.num_layers // blocks
     layers = f"{layers} layer{'s' if layers > 1 else ''}"
     if r > 1:
         schedule = (f"circular (CIRCULAR_REPEAT={r}: each stage holds {r} blocks of {layers}, "
@@ -572,7 +419,7 @@ def _describe_pipeline(p: Plan) -> list[str]:
         f"  bubble {formula} = {pipe.bubble_fraction():.1%} of each stage's time idle",
     ]
     if p.stage_transfers:
-        lines.append(f"  stage-to-stage transfers: {_size(sent)} sent per device per step, over "
+        lines.append(f"  stage-to-stage transfers: {format_bytes(sent)} sent per device per step, over "
                      f"{' and '.join(links)} ({count} collective-permutes along stage: "
                      f"activations forward, their gradients back)")
     else:
@@ -580,32 +427,14 @@ def _describe_pipeline(p: Plan) -> list[str]:
     return lines
 
 
-def _describe_changes(kind: str, tried: list[Change], budget: int) -> list[str]:
-    if not tried:
-        return [f"  {kind}: none to try"]
-    lines = [f"  {kind}:"]
-    for change in tried:
-        if change.error:
-            lines.append(f"    {change.flags}: cannot plan: {change.error}")
-            continue
-        bubble = (f"; bubble {change.plan.bubble:.1%}" if change.plan.pipeline is not None
-                  else "")
-        lines.append(f"    {change.flags}: {_verdict(change.plan, budget)}{bubble}")
-        if fits(change.plan, budget):
-            lines.append(f"      cost: {change.cost}")
-    if all(c.plan is None or not fits(c.plan, budget) for c in tried):
-        lines.append("    (none of these fits alone)")
-    return lines
-
-
-def _verdict(p: Plan, budget: int) -> str:
+def verdict(p: Plan, budget: int) -> str:
     peak, room = p.memory.peak, budget - p.memory.peak
     if room >= 0:
-        return f"fits: {_size(peak)} planned, {_size(room)} headroom ({room / budget:.0%})"
-    return f"does not fit: {_size(peak)} planned, {_size(-room)} over"
+        return f"fits: {format_bytes(peak)} planned, {format_bytes(room)} headroom ({room / budget:.0%})"
+    return f"does not fit: {format_bytes(peak)} planned, {format_bytes(-room)} over"
 
 
-def _size(n: float) -> str:
+def format_bytes(n: float) -> str:
     for unit, scale in (("TiB", 2**40), ("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

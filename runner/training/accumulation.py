@@ -9,7 +9,7 @@ and resuming do not depend on K.
 Layout. The global batch is sharded by rows over the data-parallel axes
 (mesh_lib.batch_sharding). [B, T] -> [B/K, K, T] -> [K, B/K, T]: sub-batch k is rows
 k, K+k, 2K+k, ..., so each device's contiguous rows hold rows of every sub-batch and no
-data moves between devices (B must split into batch shards x K, check_split).
+data moves between devices (B must split into batch shards x K: core/batch.py checks it).
 
 Exactness. praxis's metrics.total_loss is (mean over the weighted target tokens, their
 total weight). Summing mean_k x weight_k and weight_k over the sub-batches, then dividing
@@ -26,7 +26,6 @@ different dropout masks. (K = 1 does not come here: the trainer keeps its single
 with the step key itself.)
 """
 
-import math
 from collections.abc import Callable
 
 import jax
@@ -34,35 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
-
-
-def batch_shards(mesh: Mesh) -> int:
-    """How many ways the batch's rows are split: the mesh's size over BATCH_AXES."""
-    return math.prod(mesh.shape[a] for a in mesh_lib.BATCH_AXES)
-
-
-def check_split(global_batch_size: int, steps: int, mesh: Mesh,
-                percore_batch_size: float) -> None:
-    """UserError unless the global batch splits into `steps` sub-batches on every shard."""
-    shards = batch_shards(mesh)
-    if steps < 1:
-        raise UserError(f"GRADIENT_ACCUMULATION_STEPS={steps} must be >= 1 (1: no "
-                        f"accumulation)")
-    if global_batch_size % (shards * steps) == 0:
-        return
-    num_devices = mesh.devices.size
-    per_shard = global_batch_size // shards
-    fitting = max(d for d in range(1, steps + 1) if per_shard % d == 0)
-    percore = math.ceil(global_batch_size / (shards * steps)) * shards * steps / num_devices
-    raise UserError(
-        f"GRADIENT_ACCUMULATION_STEPS={steps} does not split GLOBAL_BATCH_SIZE="
-        f"{global_batch_size} (PERCORE_BATCH_SIZE={percore_batch_size:g} x {num_devices} "
-        f"devices) into {steps} sub-batches over {shards} data-parallel shards (it must be a "
-        f"multiple of {shards} x {steps} = {shards * steps}); use "
-        f"--fdl.PERCORE_BATCH_SIZE={percore:g} or --fdl.GRADIENT_ACCUMULATION_STEPS={fitting}"
-    )
 
 
 def split(batch: dict, steps: int, mesh: Mesh) -> dict:
@@ -131,13 +102,3 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
         lambda g, p, o: (g if o else g * correction).astype(p.dtype), grad_sum, params,
         overwritten)
     return loss_sum / denominator, grads, sub_losses
-
-
-def describe_batch(percore_batch_size: float, num_devices: int, steps: int) -> str:
-    """One line for --print_config: the global batch of an update and its sub-batches."""
-    batch = percore_batch_size * num_devices
-    line = (f"global batch = PERCORE_BATCH_SIZE {percore_batch_size:g} x {num_devices} devices "
-            f"= {batch:g} sequences per optimizer update")
-    if steps > 1:
-        line += f", run as GRADIENT_ACCUMULATION_STEPS = {steps} sub-batches of {batch / steps:g}"
-    return line

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from core import spec
 from core.callbacks import RunInfo, StepInfo
 from core.data import BATCH_DTYPES
 from core.errors import UserError
@@ -44,11 +45,10 @@ class Trainer:
         self.run, self.mesh, self.job_log_dir = run, mesh, job_log_dir
         compile_log.register()
         self.model, self.tx = run.model, run.optimizer
-        self.global_batch_size = mesh_lib.global_batch_size(run.loop.percore_batch_size, mesh)
+        self.batch_layout = spec.batch_layout(run)
+        self.global_batch_size = self.batch_layout.global_batch
         # Sub-batches per optimizer update (GRADIENT_ACCUMULATION_STEPS); 1: one pass.
-        self.accumulation_steps = run.loop.gradient_accumulation_steps
-        accumulation.check_split(self.global_batch_size, self.accumulation_steps, mesh,
-                                 run.loop.percore_batch_size)
+        self.accumulation_steps = self.batch_layout.accumulation_steps
         self.process_rows = mesh_lib.process_batch_rows(mesh, self.global_batch_size)
         seq_len = run.model_shape.seq_len
         self.batch_shapes = {

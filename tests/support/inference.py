@@ -5,7 +5,7 @@ import jax
 import numpy as np
 from praxis import pax_fiddle
 
-from launch import job
+from launch import record
 from runner.cluster import mesh as mesh_lib
 from runner.state import checkpoints
 from runner.state.train_state import as_model_batch, praxis_context
@@ -42,7 +42,7 @@ def save_job(job_dir, exp, step: int = 1, devices=None):
 
 def save_state(job_dir, exp, trainer, state) -> None:
     """Record `exp`'s config in job_dir and checkpoint `state` (of `trainer`) there."""
-    job.write_config(str(job_dir), exp, exp.run_config())
+    record.write_config(str(job_dir), exp, exp.run_config())
     experiment = f"{type(exp).__module__}.{type(exp).__name__}"
     metadata = checkpoints.run_metadata(experiment, exp.hyperparameters(),
                                         trainer.abstract_state["params"])

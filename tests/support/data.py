@@ -101,11 +101,6 @@ def make_pile_dir(
     return root
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# What a main.py subprocess with an otherwise bare environment needs of tests/conftest.py's.
-JAX_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR")
-
-
 def write_tfrecord(path, examples: list[dict[str, str]]) -> Path:
     """One TFDS shard: TFRecords of tf.train.Example with byte-string features, as
     paxml's tfds_pile.py / tfds_lambada.py builds write them."""

@@ -1,7 +1,4 @@
-"""Shared helpers for tests that build a real Trainer on the 8 fake CPU devices."""
-
-import hashlib
-import os
+"""A real Trainer on the 8 fake CPU devices, and its steps."""
 
 import jax
 from praxis import pax_fiddle
@@ -9,16 +6,11 @@ from praxis import pax_fiddle
 import experiments
 from runner.cluster import mesh as mesh_lib
 from runner.training.trainer import Trainer
-
-# A model every test mesh can shard: 8 heads split over up to 8 TP devices.
-TINY = dict(
-    NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=8, DIMS_PER_HEAD=8,
-    MAX_SEQ_LEN=64, VOCAB_SIZE=512, FPROP_DTYPE="float32", DATASET="synthetic",
-    EVAL_INTERVAL_STEPS=0,
-)
+from tests.support.tiny import TINY
 
 
 def make_trainer(tmp_path, devices=None, experiment=experiments.BaseExperiment, **overrides):
+    """A Trainer of `experiment` with the tiny model (TINY and `overrides`) writing to tmp_path."""
     exp = experiment(**{**TINY, **overrides})
     devices = jax.devices() if devices is None else devices
     run = pax_fiddle.build(exp.run_config())
@@ -44,10 +36,3 @@ def run_steps(trainer, steps: int, params=None):
 
 def train_losses(trainer, steps: int) -> list[float]:
     return run_steps(trainer, steps)[0]
-
-
-def tree_digest(directory) -> dict:
-    """{relative path: sha256} of every file under `directory`: proof nothing was written."""
-    return {os.path.relpath(os.path.join(root, name), directory):
-            hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest()
-            for root, _, names in os.walk(directory) for name in names}

@@ -1,0 +1,78 @@
+"""What a benchmark row is, shared by bench/gpu_bench.py and bench/torch_gpt.py: the
+experiments they measure, how a row's experiment is built, and how a row prints. gpu_bench.py
+imports torch_gpt.py (its PyTorch rows) and both import this module, so torch_gpt.py never
+needs gpu_bench.py and no two of them import each other."""
+
+# Per experiment: its overrides, and whether its weights are split over the devices (FSDP)
+# or copied to each (data parallelism).
+CONFIGS = {
+    "Synthetic126M": ({}, "dp"),
+    "GPT1_3B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
+    "Synthetic5B": ({"NUM_LAYERS": 8}, "fsdp"),
+    "Llama1B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
+}
+# The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
+TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
+TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,
+            MAX_SEQ_LEN=128, VOCAB_SIZE=512, PERCORE_BATCH_SIZE=1)
+
+
+def experiment(name: str, impl: str, *, tiny: bool, devices: int,
+               percore_batch_size: float | None = None, unpacked: bool = False,
+               fp8: bool = False):
+    """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`."""
+    import experiments  # here, not above: gpu_bench's parent process never builds one
+
+    overrides, layout = CONFIGS[name]
+    settings = {
+        **overrides,
+        "ICI_MESH_SHAPE": [devices, 1, 1] if layout == "dp" else [1, devices, 1],
+        "DCN_MESH_SHAPE": [1, 1, 1],
+        "EVAL_BATCHES": 0,
+        **(TINY if tiny else {}),
+    }
+    if impl != "torch":
+        settings["ATTENTION_IMPL"] = impl
+    if unpacked:
+        settings["PACKED_INPUT"] = False
+    if fp8:
+        settings["USE_FP8"] = True
+    if percore_batch_size:
+        settings["PERCORE_BATCH_SIZE"] = percore_batch_size
+    return experiments.resolve(f"experiments.{name}")(**settings)
+
+
+HEADER = (f"{'experiment':<14} {'attention':<14} {'gemm':<4} {'packed':<6} {'params':>8} "
+          f"{'batch':>10} {'compile':>8} {'step':>9} {'tokens/s':>11} {'MFU':>6} {'peak':>7} "
+          f"{'XLA est':>7} {'vs torch':>8} {'loss':>7} {'vs bf16':>7} {'f8 GEMMs':>8}")
+DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
+
+
+def format_row(row: dict) -> str:
+    impl = row["attention"]
+    if row.get("resolved") and row["resolved"] != impl:
+        impl = f"{impl}>{row['resolved']}"
+    gemm = "fp8" if row.get("fp8") else DTYPES.get(row.get("fprop_dtype"), "")
+    start = f"{row['experiment']:<14} {impl:<14} {gemm:<4}"
+    if "error" in row:
+        return f"{start} error: {row['error']}"
+    if "skipped" in row:
+        return f"{start} skipped: {row['skipped']}"
+
+    def gib(value):  # a tiny CPU model's few MiB must not print as 0.00G
+        if not value:
+            return "-"
+        return f"{value:.1f}G" if value >= 1 else f"{value * 1024:.0f}M"
+
+    mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
+    ratio = f"x{row['vs_torch']:.2f}" if row.get("vs_torch") else ""
+    vs_bf16 = f"x{row['vs_bf16']:.2f}" if row.get("vs_bf16") else ""
+    loss = f"{row['last_loss']:.4f}" if row.get("last_loss") is not None else ""
+    gemms = (f"{row['fp8_gemms']}/{row['cublas_gemms']}" if row.get("cublas_gemms") is not None
+             else "-")
+    batch = f"{row['global_batch']}x{row['seq_len']}"
+    return (f"{start} {'yes' if row['packed'] else 'no':<6} {row['params'] / 1e6:>7.1f}M "
+            f"{batch:>10} {row['compile_s']:>7.1f}s {row['step_s'] * 1e3:>7.1f}ms "
+            f"{row['tokens_per_s']:>11,.0f} {mfu:>6} {gib(row.get('peak_memory_gib')):>7} "
+            f"{gib(row.get('xla_memory_gib')):>7} {ratio:>8} {loss:>7} {vs_bf16:>7} "
+            f"{gemms:>8}")

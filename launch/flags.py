@@ -1,0 +1,166 @@
+"""The command line's flags (absl), with Pax's names where Pax had the flag, each range
+checked by an absl validator as the flags are parsed, whatever the mode, so a typo fails
+before any work. main.py reads them; the launcher receives options objects built from
+them."""
+
+import os
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
+
+from core.errors import UserError
+
+FLAGS = flags.FLAGS
+app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
+flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")
+flags.DEFINE_alias("exp", "fdl_config")  # paxml's older name, used by run_lambada_singlenode.sh
+flags.DEFINE_string("fdl_config_file", None, "Rerun a recorded run: its job_log_dir/"
+                    "fiddle_graph.json (the experiment comes from hyperparameters.json beside it "
+                    "unless --fdl_config names it).")
+flags.DEFINE_string("job_log_dir", None, "Directory for the resolved config, TensorBoard "
+                    "events and checkpoints.")
+flags.DEFINE_enum("mode", "train", ["train", "eval", "plan", "decode"], "train, evaluate "
+                  "once, plan the train step's memory, communication and speed on CPU "
+                  "(runner/planning/plan.py), or continue prompts from a checkpoint (runner/inference/decode.py).")
+flags.DEFINE_string("plan_device", "h100", "--mode=plan: the GPU to suggest changes and "
+                    "predict speed for: h100, h200, a100-80gb or a100-40gb.")
+flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan: compile "
+                  "the step with XLA:GPU for --plan_device without a GPU (gpu; needs the "
+                  "plugin `make install` installs), with XLA:CPU on fake devices (cpu), or "
+                  "XLA:GPU where installed (auto).")
+flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
+flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
+                   "instead of the table's.")
+flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit.")
+flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
+                  "graph, then exit.")
+flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "
+                    "(see scripts_gpu/download_the_pile.py), or paxml's TFDS output "
+                    "(the_pile/lm/1.0.0/*.tfrecord*, my_lambada/lm/1.0.0/*.tfrecord*).")
+flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts "
+                    "pass; default: $TFDS_DATA_DIR.")
+flags.DEFINE_string("cache_dir", None, "Where tokenized training data is cached; default: "
+                    "beside the data when writable, else ~/.cache/paxloom.")
+flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
+flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
+                   "from the device kind.")
+# Multi-process (multi-node) jobs, with Pax's flag names; see runner/cluster/distributed.py.
+flags.DEFINE_bool("multiprocess_gpu", False, "Start jax.distributed; coordinator, process "
+                  "count and index come from SLURM/Open MPI/... unless given below.")
+flags.DEFINE_string("server_addr", None, "HOST:PORT of process 0's coordinator service.")
+flags.DEFINE_integer("num_hosts", None, "Number of processes in the job.")
+flags.DEFINE_integer("host_idx", None, "This process's index, 0 .. num_hosts - 1.")
+flags.DEFINE_integer("distributed_timeout_s", 300, "Seconds to wait for every process to "
+                     "reach the coordinator before failing.")
+# Checkpoints and preemption; see runner/state/checkpoints.py and runner/training/preemption.py.
+flags.DEFINE_string("restore_checkpoint_dir", None, "Start from a checkpoint in this directory "
+                    "(a job_log_dir or its checkpoints/): fine-tuning, or --mode=eval of another "
+                    "run. New checkpoints still go to --job_log_dir, whose own checkpoints win "
+                    "when training and it has some.")
+flags.DEFINE_integer("restore_checkpoint_step", None, "Step to restore; default: the latest.")
+flags.DEFINE_bool("skip_broken_checkpoints", False, "When the checkpoint to restore is "
+                  "damaged, restore the newest earlier one (the damaged one is moved to "
+                  "checkpoints-broken/, never deleted).")
+flags.DEFINE_bool("enable_checkpoint_saving", True, "Save checkpoints (paxml's flag); "
+                  "restoring is unaffected.")
+# --mode=decode; see runner/inference/decode.py.
+flags.DEFINE_multi_string("prompt", [], "--mode=decode: a prompt to continue (repeatable).")
+flags.DEFINE_string("prompts_file", None, "--mode=decode: prompts to continue, one per line, "
+                    "or a .jsonl file of {\"prompt\": ...} objects.")
+flags.DEFINE_integer("max_decode_steps", 64, "--mode=decode: most tokens per continuation.")
+flags.DEFINE_float("temperature", 0.0, "--mode=decode: 0 decodes greedily; above 0, samples "
+                   "at this temperature.")
+flags.DEFINE_integer("top_k", 0, "--mode=decode: sample among the k most likely tokens "
+                     "(0: all).")
+flags.DEFINE_float("top_p", 1.0, "--mode=decode: sample among the most likely tokens that "
+                   "hold this much probability (1: all).")
+flags.DEFINE_integer("decode_seed", 0, "--mode=decode: seed of the sampling.")
+flags.DEFINE_integer("decode_batch_size", 16, "--mode=decode: prompts decoded together.")
+flags.DEFINE_string("preemption_signal", "SIGUSR1", "Besides SIGTERM, this signal also makes "
+                    "training save a checkpoint after the current step and exit 0; 'none' for "
+                    "SIGTERM only.")
+# Evaluation, profiling and compilation logs (paxml's names where paxml had the flag).
+flags.DEFINE_bool("eval_on_test", None, "Evaluate during training every EVAL_INTERVAL_STEPS "
+                  "(default: as the experiment says; --noeval_on_test: train only).")
+flags.DEFINE_integer("jax_profiler_port", None, "Start JAX's profiler server on this port, to "
+                     "capture traces on demand from TensorBoard's profile tab.")
+flags.DEFINE_integer("profile_start_step", None, "Trace the train steps after this step into "
+                     "job_log_dir/tb (TensorBoard profile tab; a Perfetto trace beside it).")
+flags.DEFINE_integer("profile_num_steps", 3, "How many steps --profile_start_step traces.")
+flags.DEFINE_string("wandb_project", None, "Also log to this Weights & Biases project "
+                    "(needs `pip install wandb`; WANDB_MODE=offline works without a network).")
+flags.DEFINE_bool("should_log_compiles", False, "Log every JAX compilation (paxml's flag; "
+                  "sets jax_log_compiles).")
+flags.DEFINE_string("jax_compilation_cache_dir", None, "JAX's persistent compilation cache "
+                    "(jax's option and MaxText's jax_cache_dir): compiled programs are kept "
+                    "here and a restart loads them instead of compiling, and logs 'loaded "
+                    "from the persistent compilation cache'. Default: "
+                    "$JAX_COMPILATION_CACHE_DIR if set, else "
+                    "$XDG_CACHE_HOME/paxloom/jax_compilation_cache (~/.cache/paxloom/...); "
+                    "'none' or '' turns it off (runner/cluster/compilation_cache.py).")
+flags.DEFINE_alias("compilation_cache_dir", "jax_compilation_cache_dir")
+
+
+def _check(name: str, ok, expected: str) -> None:
+    """An absl validator: --NAME=VALUE must pass `ok` (None passes: the flag is unset)."""
+    flags.register_validator(name, lambda v: v is None or ok(v),
+                             message=f"must be {expected}")
+
+
+_check("plan_mfu", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.4")
+_check("plan_device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: the table's)")
+_check("peak_tflops", lambda v: 0 <= v < float("inf"), ">= 0 (0: looked up from the device)")
+_check("num_hosts", lambda v: v >= 1, "at least 1")
+_check("distributed_timeout_s", lambda v: v >= 1, "at least 1 second")
+_check("restore_checkpoint_step", lambda v: v >= 0, "a step >= 0")
+_check("max_decode_steps", lambda v: v >= 1, "at least 1")
+_check("temperature", lambda v: 0 <= v < float("inf"), ">= 0 (0 decodes greedily)")
+_check("top_k", lambda v: v >= 0, ">= 0 (0 keeps every token)")
+_check("top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)")
+_check("decode_seed", lambda v: 0 <= v < 2**32, "in 0 .. 2**32 - 1")
+_check("decode_batch_size", lambda v: v >= 1, "at least 1")
+_check("jax_profiler_port", lambda v: 1 <= v <= 65535, "a TCP port, 1 .. 65535")
+_check("profile_start_step", lambda v: v >= 0, "a step >= 0")
+_check("profile_num_steps", lambda v: v >= 1, "at least 1 step")
+# Checked once every flag is parsed (absl validates after parsing), so --num_hosts is known.
+_check("host_idx", lambda v: 0 <= v < (FLAGS.num_hosts or sys.maxsize),
+       "in 0 .. --num_hosts - 1")
+
+
+def parse(argv: list[str]) -> None:
+    """Parse `argv` (program name first) into FLAGS; a bad flag or value is a UserError."""
+    argv = ["--help" if arg == "-h" else arg for arg in argv]  # absl's own short form is -?
+    try:
+        positional = FLAGS(argv)
+    except flags.Error as error:
+        raise UserError(_one_line(error)) from None
+    if len(positional) > 1:
+        raise UserError(f"unexpected argument {positional[1]!r}; flags look like --name=value")
+
+
+def _one_line(error: flags.Error) -> str:
+    """absl's message, as `--name=value: what it must be` for a failed validator."""
+    text = str(error)
+    return text.removeprefix("flag ") if text.startswith("flag --") else text
+
+
+def setup_logging() -> None:
+    """absl's conventions: --log_dir writes absl's log files; library INFO logs reach the
+    console with --alsologtostderr/--logtostderr or an explicit --verbosity, as in Pax
+    (otherwise warnings only, so the console stays Paxloom's own lines)."""
+    absl_logging.use_absl_handler()
+    if FLAGS.log_dir:
+        try:
+            os.makedirs(FLAGS.log_dir, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"--log_dir={FLAGS.log_dir}: cannot create it "
+                            f"({error.strerror})") from None
+        absl_logging.get_absl_handler().start_logging_to_file(program_name="paxloom",
+                                                              log_dir=FLAGS.log_dir)
+    if FLAGS["verbosity"].present:
+        return
+    # absl's app.run raises its default verbosity (warnings) to INFO once flags are parsed;
+    # this entry point parses them itself, so it does that for the flags that ask for logs.
+    absl_logging.set_verbosity(absl_logging.INFO if FLAGS.alsologtostderr or FLAGS.logtostderr
+                               else absl_logging.WARNING)

@@ -1,0 +1,125 @@
+"""bench/gpu_check.sh, the 9-minute GPU check, on CPU: its dry run passes, names every part
+with a budget that fits 540 s, and fails (naming the part) when a command line is broken;
+its real run reports a part cut off at its limit; the key figures of its summary table say
+when a part's files show a failure."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
+PARTS = ["install", "tests", "default", "speed", "fp8"]
+ENV = {**os.environ, "PYTHON": sys.executable}  # conftest's CPU settings, this Python
+
+
+def check(*args, prelude=":", out=None):
+    """bash bench/gpu_check.sh ARGS, or, after `prelude`, main ARGS of the sourced script."""
+    command = f"source {SCRIPT}; {prelude}; main {' '.join(args)}"
+    env = {**ENV, "OUT": str(out)} if out else ENV
+    return subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_dry_run_checks_every_part_within_540_seconds():
+    done = subprocess.run(["bash", SCRIPT, "--dry-run"], cwd=REPO_ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    budgets = {name: int(seconds) for name, seconds in
+               re.findall(r"^(\w+) +budget +(\d+) s  ok$", done.stdout, re.MULTILINE)}
+    assert list(budgets) == PARTS, done.stdout
+    total = int(re.search(r"^total +budget +(\d+) s", done.stdout, re.MULTILINE).group(1))
+    assert total == sum(budgets.values()) <= 540
+
+
+@pytest.mark.parametrize("part, prelude, bad", [
+    ("default", "MAIN_FLAGS+=(--fdl.NO_SUCH_HYPERPARAMETER=1)", "--fdl.NO_SUCH_HYPERPARAMETER"),
+    ("speed", "BENCH_STEPS+=(--no_such_option)", "--no_such_option"),
+])
+def test_a_broken_command_line_fails_the_dry_run_naming_its_part(part, prelude, bad):
+    done = check("--dry-run", f"--parts {part}", prelude=prelude)
+    assert done.returncode != 0
+    assert re.search(rf"^{part} +budget +\d+ s  FAILED$", done.stdout, re.MULTILINE), done.stdout
+    assert re.search(rf"invalid: python3 .*{bad}", done.stdout), done.stdout
+
+
+def test_budgets_over_540_seconds_fail_the_dry_run():
+    done = check("--dry-run", "--parts install", "--budget install=600")
+    assert done.returncode != 0 and "over 540 s" in done.stdout, done.stdout
+
+
+def test_an_unknown_part_is_refused():
+    done = check("--dry-run", "--parts speed,sped")
+    assert done.returncode == 2 and "unknown part 'sped'" in done.stderr
+
+
+def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
+    """A real run (on CPU) whose part runs out of time: TIMEOUT in the table printed last
+    and in $OUT/summary.txt, the other parts skipped, a non-zero exit."""
+    done = check("--parts default", "--budget default=1", out=tmp_path)
+    assert done.returncode != 0
+    table = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["install", "skipped"], ["tests", "skipped"], ["default", "TIMEOUT"],
+        ["speed", "skipped"], ["fp8", "skipped"]]
+    assert done.stdout.splitlines()[-len(table):] == table
+
+
+def test_every_gpu_only_test_file_is_in_the_tests_part():
+    listed = re.search(r"^GPU_TESTS=\(([^)]*)\)", open(SCRIPT).read(), re.MULTILINE).group(1)
+    gpu_only = []
+    for name in sorted(os.listdir(os.path.join(REPO_ROOT, "tests"))):
+        if name.startswith("test_") and name.endswith(".py") and name != "test_gpu_check.py":
+            text = open(os.path.join(REPO_ROOT, "tests", name)).read()
+            if 'default_backend() != "gpu"' in text or "ON_GPU" in text:
+                gpu_only.append(f"tests/{name}")
+    assert gpu_only and set(gpu_only) <= set(listed.split())
+
+
+def key(part, out):
+    return subprocess.run([sys.executable, "bench/gpu_check_figures.py", "key", part, str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_the_default_part_fails_when_the_restart_compiled_its_train_step(tmp_path):
+    log = ("training Tiny: 1 parameters\nstep     30 | loss 6.5329 | lr 3e-3\n"
+           "wrote 1 continuation(s) to x\ntraining LlamaTiny: 1 parameters\n"
+           "step     30 | loss 6.1000 | lr 3e-3\nwrote 1 continuation(s) to y\n")
+    (tmp_path / "default.log").write_text(log)
+    (tmp_path / "default_restart.log").write_text(
+        "compiled jit(_train_step) in 3.6s (saved to the persistent compilation cache /c)\n")
+    done = key("default", tmp_path)
+    assert done.returncode == 1 and "did NOT load" in done.stdout, done.stdout
+    (tmp_path / "default_restart.log").write_text(
+        "compiled jit(_train_step) in 0.2s (loaded from the persistent compilation cache /c)\n")
+    done = key("default", tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip() == ("Tiny loss 6.533 at step 30, LlamaTiny loss 6.100 at step "
+                                   "30; 2 decode(s); restart loaded its train step from the "
+                                   "cache in 0.2s")
+
+
+def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
+    peer = {"experiment": "Synthetic126M", "attention": "torch", "mfu": 0.4}
+    row = {"experiment": "Synthetic126M", "attention": "auto", "mfu": 0.42, "vs_torch": 1.05}
+    (tmp_path / "speed_gpt126m.json").write_text(json.dumps([peer, row]))
+    (tmp_path / "speed_large.json").write_text(json.dumps([
+        {"experiment": "Llama1B", "attention": "auto", "mfu": 0.3},
+        {"experiment": "GPT1_3B", "attention": "auto", "error": "timed out after 120s"}]))
+    done = key("speed", tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.strip() == ("Synthetic126M 42.0% MFU, x1.05 torch (target 1.0); "
+                                   "Llama1B 30.0% MFU (target 45%); GPT1_3B auto: timed out "
+                                   "after 120s")
+    base = {"experiment": "Synthetic5B", "fp8": False, "last_loss": 7.0}
+    fp8 = {"experiment": "Synthetic5B", "fp8": True, "vs_bf16": 1.25, "last_loss": 7.07,
+           "loss_delta": 0.07, "steps_run": 30, "fp8_gemms": 48, "cublas_gemms": 60}
+    (tmp_path / "fp8.json").write_text(json.dumps([base, fp8]))
+    done = key("fp8", tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert done.stdout.strip() == ("FP8 x1.25 bf16 (target 1.2); loss after 30 steps 7.0700 "
+                                   "vs 7.0000 (+1.00%, target within 2%); f8 GEMMs 48/60")
