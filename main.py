@@ -97,7 +97,7 @@ def start_distributed() -> None:
         num_hosts=FLAGS.num_hosts, host_idx=FLAGS.host_idx,
         timeout_s=FLAGS.distributed_timeout_s)
     if distributed.initialize(options):
-        log(distributed.describe())
+        log(distributed.process_summary())
 
 
 def check_profile_steps(config) -> None:
@@ -164,7 +164,7 @@ if __name__ == "__main__":
                       "last checkpoint")
     except Exception as error:
         # Only a run that got as far as importing the training loop can have diverged.
-        callbacks = sys.modules.get("runner.training.callbacks")
+        callbacks = sys.modules.get("runner.training.builtin_callbacks")
         if callbacks is None or not isinstance(error, callbacks.NonFiniteLossError):
             raise
         exit_now(3, str(error))

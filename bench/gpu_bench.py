@@ -358,7 +358,7 @@ def fp8_summary(pairs: list[tuple[dict, dict]]) -> list[str]:
     return lines
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
@@ -397,6 +397,11 @@ def main() -> int:
                         help="only build every row's experiment and graph (one device, full "
                              "shapes unless --tiny) and measure nothing: bench/gpu_check.sh "
                              "--dry-run checks its command lines this way on CPU")
+    return parser
+
+
+def main() -> int:
+    parser = arguments()
     args = parser.parse_args()
     if args.probe:
         return run_probe()
@@ -432,6 +437,18 @@ def main() -> int:
           f"runner/training/throughput.py (or --peak_tflops); loss: of the last step "
           f"({max(args.loss_steps, 1 + args.warmup + args.steps)} in all)")
     print(HEADER)
+    fp8_pairs = run_rows(args, probe, configs, impls, run_torch)
+    if fp8_pairs:
+        print("FP8 against bfloat16 (MFU of both against the bfloat16 dense peak):")
+        print("\n".join(fp8_summary(fp8_pairs)))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def run_rows(args, probe: dict, configs: list[str], impls: list[str],
+             run_torch: bool) -> list[tuple[dict, dict]]:
+    """Every row, each in a child process, printed and written to --json as it finishes;
+    returns the (bfloat16, FP8) row pairs of --fp8."""
     rows, fp8_pairs = [], []
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
 
@@ -471,11 +488,7 @@ def main() -> int:
                     fp8["loss_delta"] = fp8["last_loss"] - row["last_loss"]
                 record(fp8)
                 fp8_pairs.append((row, fp8))
-    if fp8_pairs:
-        print("FP8 against bfloat16 (MFU of both against the bfloat16 dense peak):")
-        print("\n".join(fp8_summary(fp8_pairs)))
-    print(f"wrote {args.json}")
-    return 0
+    return fp8_pairs
 
 
 if __name__ == "__main__":

@@ -155,32 +155,8 @@ def measure(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
     if cuda:  # so the copy to the GPU is asynchronous, as Paxloom's prefetched batches
         pool = [tokens.pin_memory() for tokens in pool]
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    start = time.perf_counter()
-    first_loss = float(train_step(pool[0]))  # compiles, forward and backward
-    first_step_s = time.perf_counter() - start
-    for i in range(warmup):
-        loss = train_step(pool[(i + 1) % len(pool)])
-    sync()
-    start = time.perf_counter()
-    if cuda:
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        marks[0].record()
-        for i in range(steps):
-            loss = train_step(pool[i % len(pool)])
-            marks[i + 1].record()
-        sync()
-        intervals = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(marks)]
-    else:  # eager on CPU: each step has finished when the call returns
-        done = [start]
-        for i in range(steps):
-            loss = train_step(pool[i % len(pool)])
-            done.append(time.perf_counter())
-        intervals = [b - a for a, b in itertools.pairwise(done)]
-    window_s = time.perf_counter() - start
+    first_loss, loss, first_step_s, intervals, window_s = _time_steps(
+        torch, train_step, pool, steps, warmup)
     step_s = statistics.median(intervals)
 
     params = sum(p.numel() for p in model.parameters())  # the tied embedding once
@@ -200,9 +176,39 @@ def measure(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
         "step_s": step_s, "mean_step_s": window_s / steps, "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * flops_per_token / peak_flops if peak_flops else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
-        "loss": first_loss, "last_loss": float(loss), "device": device_kind, "devices": 1,
+        "loss": first_loss, "last_loss": loss, "device": device_kind, "devices": 1,
         "torch": torch.__version__, "compiled": cuda,
     }
+
+
+def _time_steps(torch, train_step, pool: list, steps: int, warmup: int):
+    """(first loss, last loss, first step's seconds, each timed step's seconds, the timed
+    window's seconds) of the first step (it compiles), `warmup` steps, then `steps` timed
+    ones: by CUDA events on a GPU; on a CPU, eager, a step has finished when it returns."""
+    cuda = torch.cuda.is_available()
+    start = time.perf_counter()
+    first_loss = float(train_step(pool[0]))  # compiles, forward and backward
+    first_step_s = time.perf_counter() - start
+    for i in range(warmup):
+        loss = train_step(pool[(i + 1) % len(pool)])
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    if cuda:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        marks[0].record()
+        for i in range(steps):
+            loss = train_step(pool[i % len(pool)])
+            marks[i + 1].record()
+        torch.cuda.synchronize()
+        intervals = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(marks)]
+    else:
+        done = [start]
+        for i in range(steps):
+            loss = train_step(pool[i % len(pool)])
+            done.append(time.perf_counter())
+        intervals = [b - a for a, b in itertools.pairwise(done)]
+    return first_loss, float(loss), first_step_s, intervals, time.perf_counter() - start
 
 
 def main() -> int:

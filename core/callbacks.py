@@ -1,7 +1,7 @@
 """The training-loop callback protocol: what acts at fixed points of the loop.
 
 Checkpoints, preemption, profiling, console and TensorBoard summaries, W&B and the goodput
-ledger are callbacks (runner/training/callbacks.py); an experiment adds its own by
+ledger are callbacks (runner/training/builtin_callbacks.py); an experiment adds its own by
 returning them from its `callbacks()` method. The loop (runner/training/trainer.py) calls,
 in order:
 

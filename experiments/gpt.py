@@ -16,33 +16,25 @@ hyperparameter like any other: `--fdl.DATASET="synthetic"` switches any of them.
 """
 
 from experiments.base import BaseExperiment
+from experiments.recipes import PileTraining, SyntheticData
 from experiments.registry import register
 
 
-class _GPT(BaseExperiment):
-    """Values shared by the reference's GPT configs; not registered."""
+class _GPT(PileTraining):
+    """Values shared by the reference's GPT configs (with PileTraining's); not registered."""
 
     VOCAB_SIZE = 50304  # GPT-2's 50257 rounded up to a multiple of 128
     MAX_SEQ_LEN = 2048
     PACKED_INPUT = True
-    FPROP_DTYPE = "bfloat16"
     LAYERNORM_EPSILON = 1e-5
     EMBEDDING_LOOKUP_STYLE = "matmul"
     DROPOUT_PROB = 0.0
     CHECKPOINT_POLICY = "none"  # a plain (not repeated) stack without remat
-    ADAM_BETA1 = 0.9
-    ADAM_BETA2 = 0.95
     ADAM_EPSILON = 1e-8
-    WEIGHT_DECAY = 0.1
-    CLIP_GRADIENT_NORM_TO_VALUE = 1.0
-    LR_COS_MIN_RATIO = 0.1
     SUMMARY_INTERVAL_STEPS = 100
     EVAL_INTERVAL_STEPS = 100
     CHECKPOINT_EVERY_N_STEPS = 5000
     CHECKPOINT_MAX_TO_KEEP = 10
-    DATASET = "pile"
-    LAMBADA_EVAL = True
-    EVAL_BATCHES = 10
 
 
 @register
@@ -231,36 +223,27 @@ class Lambada126M(GPT126M):
 
 
 @register
-class Synthetic126M(GPT126M):
+class Synthetic126M(SyntheticData, GPT126M):
     """GPT126M on synthetic data, for throughput benchmarks.
 
     python main.py --fdl_config=experiments.Synthetic126M --fdl.MAX_STEPS=100 --job_log_dir=runs/s126m
     """
 
-    DATASET = "synthetic"
-    LAMBADA_EVAL = False
-
 
 @register
-class Synthetic5B(GPT5B):
+class Synthetic5B(SyntheticData, GPT5B):
     """GPT5B on synthetic data, for throughput benchmarks.
 
     python main.py --fdl_config=experiments.Synthetic5B --fdl.MAX_STEPS=100 --job_log_dir=runs/s5b
     """
 
-    DATASET = "synthetic"
-    LAMBADA_EVAL = False
-
 
 @register
-class Synthetic175B(GPT175B):
+class Synthetic175B(SyntheticData, GPT175B):
     """GPT175B on synthetic data, for throughput benchmarks.
 
     python main.py --fdl_config=experiments.Synthetic175B --fdl.MAX_STEPS=20 --job_log_dir=runs/s175b
     """
-
-    DATASET = "synthetic"
-    LAMBADA_EVAL = False
 
 
 @register

@@ -16,6 +16,7 @@ Both use a 32000-piece vocabulary and RMSNorm epsilon 1e-5.
 
 from core.errors import UserError
 from experiments.base import BaseExperiment
+from experiments.recipes import PileTraining
 from experiments.registry import register
 
 
@@ -65,28 +66,19 @@ class LlamaBase(BaseExperiment):
         )
 
 
-class _LlamaOnThePile(LlamaBase):
-    """Training settings shared by the full-size Llama experiments."""
+class _LlamaOnThePile(LlamaBase, PileTraining):
+    """Training settings shared by the full-size Llama experiments (with PileTraining's)."""
 
     VOCAB_SIZE = 32000
-    FPROP_DTYPE = "bfloat16"
     USE_REPEATED_LAYER = True
     CHECKPOINT_POLICY = "save_dot_with_no_batch_dims"
-    ADAM_BETA1 = 0.9
-    ADAM_BETA2 = 0.95
     ADAM_EPSILON = 1e-5
-    WEIGHT_DECAY = 0.1
-    CLIP_GRADIENT_NORM_TO_VALUE = 1.0
     LR_COS_WARMUP = 2000
     LR_COS_DECAY_START = 2000
-    LR_COS_MIN_RATIO = 0.1
     ICI_MESH_SHAPE = [1, 8, 1]
     SUMMARY_INTERVAL_STEPS = 10
     EVAL_INTERVAL_STEPS = 1000
     CHECKPOINT_EVERY_N_STEPS = 1000
-    DATASET = "pile"
-    LAMBADA_EVAL = True
-    EVAL_BATCHES = 10
 
 
 @register

@@ -14,7 +14,7 @@ from launch import record
 from runner.cluster import mesh as mesh_lib
 from runner.state import checkpoints, initial_weights
 from runner.training import goodput, preemption, profiling, summaries
-from runner.training.callbacks import CallbackList, ConsoleSummaries, TensorBoard
+from runner.training.builtin_callbacks import CallbackList, ConsoleSummaries, TensorBoard
 from runner.training.trainer import Trainer
 
 

@@ -158,7 +158,7 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
     p = plan(exp, config, compiler=compiler, device=device, device_memory_gb=device_memory_gb)
     chosen = DEVICE_KINDS[device]
     budget = memory_budget(chosen, device_memory_gb)
-    lines = planning.describe(p)
+    lines = planning.report_lines(p)
     lines.insert(2, f"  CHECKPOINT_POLICY={exp.CHECKPOINT_POLICY}, "
                     f"FPROP_DTYPE={exp.FPROP_DTYPE}")
     compiled_for = f"; the program compiled for {chosen.name}" if compiler == "gpu" else ""

@@ -14,12 +14,18 @@ from fiddle.experimental import serialization
 from core import spec
 from core.errors import UserError
 from core.log import log
+from experiments import pax_compat
 
 
 def config_report(exp, config: fdl.Config) -> str:
     """Effective hyperparameters and the Fiddle graph, as shown by --print_config."""
+    hyperparameters = exp.hyperparameters()
+    pax_defaults = pax_compat.at_default(hyperparameters)
     lines = [f"# {type(exp).__module__}.{type(exp).__name__}", "", "## Hyperparameters"]
-    lines += [f"{name} = {value!r}" for name, value in exp.hyperparameters().items()]
+    lines += [f"{name} = {value!r}" for name, value in hyperparameters.items()
+              if name not in pax_defaults]
+    lines += ["", "## Pax names at the only value Paxloom accepts (experiments/pax_compat.py)",
+              ", ".join(f"{name}={hyperparameters[name]!r}" for name in pax_defaults)]
     lines += ["", "## Batch", spec.batch_layout(config, check=False).summary()]
     lines += ["", "## Model layers", *_layer_classes(config.model, "model")]
     lines += ["", "## Fiddle graph", printing.as_str_flattened(config)]

@@ -1,6 +1,6 @@
 """What a trained decoder is, in plain terms, for code that runs it outside praxis.
 
-`describe(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
+`architecture_of(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
 layers/llama.py, or a user's variant of them) and returns an `Architecture`: sizes,
 norms, position encoding, activation, biases, query scaling. Anything the cached
 decoder (layers/cached_lm.py) would compute differently from praxis is refused with
@@ -135,7 +135,7 @@ def _activation(config, where: str) -> str:
     raise UnsupportedModel(f"{where} is {cls.__name__}; known: GELU, SiLU, ReLU")
 
 
-def describe(model) -> Architecture:
+def architecture_of(model) -> Architecture:
     """The Architecture of a praxis LanguageModel config; UnsupportedModel for what the
     cached decoder does not reproduce exactly."""
     _require(_cls(model) is models.LanguageModel,
@@ -145,105 +145,16 @@ def describe(model) -> Architecture:
     lm = model.lm_tpl
     _require(_cls(lm) is transformer_models.TransformerLm, f"lm_tpl is {_cls(lm).__name__}")
     _require(lm.ngrammer_tpl is None, "the model has an n-grammer layer")
-
-    stack = lm.stacked_transformer_tpl
-    try:
-        layout = layer_layout.of_stack(stack)
-    except layer_layout.LayoutMismatch as error:
-        raise UnsupportedModel(str(error)) from None
-    if issubclass(_cls(stack), transformers.PipelinedTransformer):
-        stack = stack.pipeline_stage  # each stage's layers: the maths of the plain stack
-    repeated = issubclass(_cls(stack), transformers.StackedTransformerRepeated)
-    num_layers = layout.num_layers
-    block = stack.block if repeated else stack
-    _require(not repeated or block.num_layers == 1, "the repeated block has several layers")
-    _require(_cls(block) is transformers.StackedTransformer,
-             f"the layer stack is {_cls(block).__name__}")
-    _require(block.mask_self_attention, "self-attention is not causal (mask_self_attention)")
-    _require(not block.use_cross_attention, "the layers have cross-attention")
-    _require(not block.num_experts, "the layers are mixture-of-experts")
-    _require(not block.ngrammer_tpls, "the layers have n-grammers")
-    layer = transformer_layer_template(stack)
-    _require(not isinstance(layer, (list, tuple)), "the layers differ from one another")
-    _require(_cls(layer) is transformers.Transformer, f"the layer is {_cls(layer).__name__}")
-    _require(layer.norm_policy == "pre", f"norm_policy={layer.norm_policy!r}; only 'pre'")
-    _require(layer.ngrammer_tpl is None, "the layers have an n-grammer")
-
-    num_heads = block.num_heads
-    dims_per_head = block.dim_per_head or block.model_dims // num_heads  # praxis's default
-    atten = layer.tr_atten_tpl
-    if issubclass(_cls(atten), multi_query_attention.MultiQueryDotProductAttention):
-        _require(_cls(atten) in _MULTI_QUERY_ATTENTIONS, f"attention is {_cls(atten).__name__}")
-        num_kv_heads = atten.num_kv_heads
-        by_head_dim = atten.scale_query_by_dim_per_head
-    else:
-        _require(_cls(atten) in _DOT_PRODUCT_ATTENTIONS, f"attention is {_cls(atten).__name__}")
-        num_kv_heads = num_heads
-        _require(not atten.internal_enable_per_dim_scale,
-                 "attention has a learned per-dimension query scale (per_dim_scale)")
-        _require(atten.internal_enable_query_scale, "attention does not scale queries")
-        _require(not atten.scale_logits_by_head_dims, "attention scales logits by head dims")
-        _require(not atten.dconv_qkv, "attention has depthwise convolutions (dconv_qkv)")
-        _require(atten.ln_tpl is None, "attention normalises queries and keys (ln_tpl)")
-        _require(not atten.output_proj_use_nhd_shape, "attention's output projection is NHD")
-        by_head_dim = atten.scale_query_by_dim_per_head
-    _require(atten.relative_bias_tpl is None, "attention has a relative position bias")
-    _require(not atten.atten_logit_cap or atten.atten_logit_cap <= 0,
-             f"attention caps logits (atten_logit_cap={atten.atten_logit_cap})")
-    _require(atten.attention_extra_logit is None, "attention has an extra logit")
-    for name, projection in _PROJECTIONS.items():
-        template = getattr(atten, name, None)
-        _require(template is None or lora.base_class(_cls(template)) is projection,
-                 f"attention's {name} is {template and _cls(template).__name__}")
-    # praxis scales queries by the head size, or by model_dims // num_heads (_scale_query).
-    query_scale = float(dims_per_head if by_head_dim else block.model_dims // num_heads) ** -0.5
-
-    positions, max_positions, rope_min, rope_max = None, None, None, None
-    if atten.use_rotary_position_emb:
-        rope = atten.rotary_position_emb_tpl
-        _require(_cls(rope) is embedding_softmax.RotaryPositionalEmbedding,
-                 f"rotary position embedding is {_cls(rope).__name__}")
-        positions, rope_min, rope_max = "rotary", float(rope.min_timescale), float(
-            rope.max_timescale)
-    if lm.position_emb_tpl is not None:
-        _require(positions is None, "the model has both learned and rotary positions")
-        _require(_cls(lm.position_emb_tpl) is embedding_softmax.TrainablePositionalEmbedding,
-                 f"position embedding is {_cls(lm.position_emb_tpl).__name__}")
-        positions, max_positions = "learned", lm.position_emb_tpl.max_seq_length
-    _require(positions is not None, "the model has no position information")
-
-    ffn = layer.tr_fflayer_tpl
-    _require(_cls(ffn) is transformers.TransformerFeedForward,
-             f"the feed-forward layer is {_cls(ffn).__name__}")
-    _require(ffn.norm_policy == "pre", f"feed-forward norm_policy={ffn.norm_policy!r}")
-    _require(ffn.add_skip_connection and ffn.residual_weight == 1.0,
-             "the feed-forward residual is not plain x + f(x)")
-    _require(_cls(ffn.fflayer_tpl) is linears.FeedForward,
-             f"the feed-forward projection is {_cls(ffn.fflayer_tpl).__name__}")
-    linear = _cls(ffn.fflayer_tpl.linear_tpl)
-    _require(lora.base_class(linear) is linears.Linear,
-             f"the feed-forward projection's linear layer is {linear.__name__}")
-
-    softmax = lm.softmax_tpl
-    tied = _cls(softmax) in _TIED_SOFTMAXES
-    _require(tied or _cls(softmax) in _UNTIED_SOFTMAXES,
-             f"the softmax is {_cls(softmax).__name__}")
-    _require(not softmax.soft_cap_logits, f"logits are soft-capped ({softmax.soft_cap_logits})")
-    _require(not softmax.scale_before_logits, "the softmax scales its input (scale_before_logits)")
-    _require(softmax.feed_forward_tpl is not None, "the softmax has no output projection")
-    if tied:
-        _require(lm.separate_embedding_tpl is None, "a tied softmax and a separate embedding")
-        embedding = softmax
-    else:
-        embedding = lm.separate_embedding_tpl
-        _require(embedding is not None and _cls(embedding) is embedding_softmax.Embedding,
-                 "an untied softmax needs a separate praxis Embedding")
-    embedding_scale = float(block.model_dims) ** 0.5 if embedding.scale_sqrt_depth else 1.0
-
+    layout, repeated, block, layer = _decoder_layers(lm.stacked_transformer_tpl)
+    atten, ffn, softmax = layer.tr_atten_tpl, layer.tr_fflayer_tpl, lm.softmax_tpl
+    num_kv_heads, query_scale = _attention(atten, block)
+    positions, max_positions, rope_min, rope_max = _positions(lm, atten)
+    _check_feed_forward(ffn)
+    tied, embedding_scale = _softmax(lm, block.model_dims)
     return Architecture(
-        num_layers=num_layers, model_dims=block.model_dims, hidden_dims=block.hidden_dims,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, dims_per_head=dims_per_head,
-        vocab_size=lm.vocab_size,
+        num_layers=layout.num_layers, model_dims=block.model_dims,
+        hidden_dims=block.hidden_dims, num_heads=block.num_heads, num_kv_heads=num_kv_heads,
+        dims_per_head=_dims_per_head(block), vocab_size=lm.vocab_size,
         attention_norm=_norm(layer.ln_tpl, "the attention norm"),
         mlp_norm=_norm(ffn.ln_tpl, "the feed-forward norm"),
         final_norm=None if lm.final_ln_tpl is None else _norm(lm.final_ln_tpl, "the final norm"),
@@ -258,7 +169,113 @@ def describe(model) -> Architecture:
     )
 
 
-# ----- weights -------------------------------------------------------------------------
+def _dims_per_head(block) -> int:
+    return block.dim_per_head or block.model_dims // block.num_heads  # praxis's default
+
+
+def _decoder_layers(stack):
+    """(layout, repeated, the stack of one block, its layer template) of a decoder stack
+    whose layers are all one plain pre-norm causal transformer layer."""
+    try:
+        layout = layer_layout.of_stack(stack)
+    except layer_layout.LayoutMismatch as error:
+        raise UnsupportedModel(str(error)) from None
+    if issubclass(_cls(stack), transformers.PipelinedTransformer):
+        stack = stack.pipeline_stage  # each stage's layers: the maths of the plain stack
+    repeated = issubclass(_cls(stack), transformers.StackedTransformerRepeated)
+    block = stack.block if repeated else stack
+    _require(not repeated or block.num_layers == 1, "the repeated block has several layers")
+    _require(_cls(block) is transformers.StackedTransformer,
+             f"the layer stack is {_cls(block).__name__}")
+    _require(block.mask_self_attention, "self-attention is not causal (mask_self_attention)")
+    _require(not block.use_cross_attention, "the layers have cross-attention")
+    _require(not block.num_experts, "the layers are mixture-of-experts")
+    _require(not block.ngrammer_tpls, "the layers have n-grammers")
+    layer = transformer_layer_template(stack)
+    _require(not isinstance(layer, (list, tuple)), "the layers differ from one another")
+    _require(_cls(layer) is transformers.Transformer, f"the layer is {_cls(layer).__name__}")
+    _require(layer.norm_policy == "pre", f"norm_policy={layer.norm_policy!r}; only 'pre'")
+    _require(layer.ngrammer_tpl is None, "the layers have an n-grammer")
+    return layout, repeated, block, layer
+
+
+def _attention(atten, block) -> tuple[int, float]:
+    """(key/value heads, query scale) of an attention template the decoder reproduces."""
+    if issubclass(_cls(atten), multi_query_attention.MultiQueryDotProductAttention):
+        _require(_cls(atten) in _MULTI_QUERY_ATTENTIONS, f"attention is {_cls(atten).__name__}")
+        num_kv_heads = atten.num_kv_heads
+    else:
+        _require(_cls(atten) in _DOT_PRODUCT_ATTENTIONS, f"attention is {_cls(atten).__name__}")
+        num_kv_heads = block.num_heads
+        _require(not atten.internal_enable_per_dim_scale,
+                 "attention has a learned per-dimension query scale (per_dim_scale)")
+        _require(atten.internal_enable_query_scale, "attention does not scale queries")
+        _require(not atten.scale_logits_by_head_dims, "attention scales logits by head dims")
+        _require(not atten.dconv_qkv, "attention has depthwise convolutions (dconv_qkv)")
+        _require(atten.ln_tpl is None, "attention normalises queries and keys (ln_tpl)")
+        _require(not atten.output_proj_use_nhd_shape, "attention's output projection is NHD")
+    _require(atten.relative_bias_tpl is None, "attention has a relative position bias")
+    _require(not atten.atten_logit_cap or atten.atten_logit_cap <= 0,
+             f"attention caps logits (atten_logit_cap={atten.atten_logit_cap})")
+    _require(atten.attention_extra_logit is None, "attention has an extra logit")
+    for name, projection in _PROJECTIONS.items():
+        template = getattr(atten, name, None)
+        _require(template is None or lora.base_class(_cls(template)) is projection,
+                 f"attention's {name} is {template and _cls(template).__name__}")
+    # praxis scales queries by the head size, or by model_dims // num_heads (_scale_query).
+    by_head_dim = atten.scale_query_by_dim_per_head
+    scale = _dims_per_head(block) if by_head_dim else block.model_dims // block.num_heads
+    return num_kv_heads, float(scale) ** -0.5
+
+
+def _positions(lm, atten):
+    """(kind, learned table size, RoPE min and max timescales) of the model's positions."""
+    positions, max_positions, rope_min, rope_max = None, None, None, None
+    if atten.use_rotary_position_emb:
+        rope = atten.rotary_position_emb_tpl
+        _require(_cls(rope) is embedding_softmax.RotaryPositionalEmbedding,
+                 f"rotary position embedding is {_cls(rope).__name__}")
+        positions, rope_min, rope_max = "rotary", float(rope.min_timescale), float(
+            rope.max_timescale)
+    if lm.position_emb_tpl is not None:
+        _require(positions is None, "the model has both learned and rotary positions")
+        _require(_cls(lm.position_emb_tpl) is embedding_softmax.TrainablePositionalEmbedding,
+                 f"position embedding is {_cls(lm.position_emb_tpl).__name__}")
+        positions, max_positions = "learned", lm.position_emb_tpl.max_seq_length
+    _require(positions is not None, "the model has no position information")
+    return positions, max_positions, rope_min, rope_max
+
+
+def _check_feed_forward(ffn) -> None:
+    _require(_cls(ffn) is transformers.TransformerFeedForward,
+             f"the feed-forward layer is {_cls(ffn).__name__}")
+    _require(ffn.norm_policy == "pre", f"feed-forward norm_policy={ffn.norm_policy!r}")
+    _require(ffn.add_skip_connection and ffn.residual_weight == 1.0,
+             "the feed-forward residual is not plain x + f(x)")
+    _require(_cls(ffn.fflayer_tpl) is linears.FeedForward,
+             f"the feed-forward projection is {_cls(ffn.fflayer_tpl).__name__}")
+    linear = _cls(ffn.fflayer_tpl.linear_tpl)
+    _require(lora.base_class(linear) is linears.Linear,
+             f"the feed-forward projection's linear layer is {linear.__name__}")
+
+
+def _softmax(lm, model_dims: int) -> tuple[bool, float]:
+    """(tied embedding, embedding scale) of the model's softmax and input embedding."""
+    softmax = lm.softmax_tpl
+    tied = _cls(softmax) in _TIED_SOFTMAXES
+    _require(tied or _cls(softmax) in _UNTIED_SOFTMAXES,
+             f"the softmax is {_cls(softmax).__name__}")
+    _require(not softmax.soft_cap_logits, f"logits are soft-capped ({softmax.soft_cap_logits})")
+    _require(not softmax.scale_before_logits, "the softmax scales its input (scale_before_logits)")
+    _require(softmax.feed_forward_tpl is not None, "the softmax has no output projection")
+    if tied:
+        _require(lm.separate_embedding_tpl is None, "a tied softmax and a separate embedding")
+        embedding = softmax
+    else:
+        embedding = lm.separate_embedding_tpl
+        _require(embedding is not None and _cls(embedding) is embedding_softmax.Embedding,
+                 "an untied softmax needs a separate praxis Embedding")
+    return tied, float(model_dims) ** 0.5 if embedding.scale_sqrt_depth else 1.0
 
 
 def _norm_weights(params: dict, norm: Norm) -> dict:

@@ -68,6 +68,35 @@ def gpt_model(
         )
     else:  # Pax leaves praxis TransformerLm's default: sinusoidal positions
         lm.position_emb_tpl = pax_fiddle.Config(embedding_softmax.PositionalEmbedding)
+    _set_softmax(lm, separate_embedding=separate_embedding, loss_chunk_len=loss_chunk_len,
+                 softmax_cap_logits=softmax_cap_logits, softmax_init_std=softmax_init_std,
+                 embedding_lookup_style=embedding_lookup_style)
+    lm.final_ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
+
+    layer = transformer_layer_template(stack)
+    layer.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
+    ffn = layer.tr_fflayer_tpl
+    ffn.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
+    activation_cls = activation_class(activation)
+    ffn.activation_tpl = pax_fiddle.Config(activation_cls)
+    if issubclass(activation_cls, activations.GELU):  # configure_gpt3_task's tanh GELU
+        ffn.activation_tpl.approximate = True
+    ffn.use_gated_activation = use_gated_activation
+    ffn.has_bias = True
+    layer.tr_atten_tpl.set(
+        use_bias=use_bias,
+        combine_qkv=combine_qkv,
+        internal_enable_per_dim_scale=False,
+        atten_logit_cap=atten_logit_cap,  # the reference's ATTEN_LOGIT_CAP: -1, disabled
+    )
+    return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)
+
+
+def _set_softmax(lm: pax_fiddle.Config, *, separate_embedding: bool, loss_chunk_len: int,
+                 softmax_cap_logits: float | None, softmax_init_std: float,
+                 embedding_lookup_style: str) -> None:
+    """The output softmax, tied to the input embedding (Pax's GPT) or separate from it."""
+    vocab_size, model_dims = lm.vocab_size, lm.model_dims
     # Chunking changes how the training loss is computed, not the layer's parameters.
     chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
     if separate_embedding:  # paxml: Embedding in, FullSoftmax out, no sqrt(depth) scaling
@@ -92,25 +121,6 @@ def gpt_model(
             params_init=gaussian(softmax_init_std),
         )
     lm.softmax_tpl.feed_forward_tpl.has_bias = False
-    lm.final_ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
-
-    layer = transformer_layer_template(stack)
-    layer.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
-    ffn = layer.tr_fflayer_tpl
-    ffn.ln_tpl.set(epsilon=layernorm_epsilon, reductions_in_fp32=True)
-    activation_cls = activation_class(activation)
-    ffn.activation_tpl = pax_fiddle.Config(activation_cls)
-    if issubclass(activation_cls, activations.GELU):  # configure_gpt3_task's tanh GELU
-        ffn.activation_tpl.approximate = True
-    ffn.use_gated_activation = use_gated_activation
-    ffn.has_bias = True
-    layer.tr_atten_tpl.set(
-        use_bias=use_bias,
-        combine_qkv=combine_qkv,
-        internal_enable_per_dim_scale=False,
-        atten_logit_cap=atten_logit_cap,  # the reference's ATTEN_LOGIT_CAP: -1, disabled
-    )
-    return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)
 
 
 def activation_class(activation: str | type) -> type:

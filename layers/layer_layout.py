@@ -93,7 +93,7 @@ class StackLayout:
         path = prefix + (_REPEATED_BODY if self.repeated else (f"x_layers_{i}",))
         return path, index
 
-    def describe(self) -> str:
+    def __str__(self) -> str:
         """'4 layers', '4 repeated layers', '4 layers as 2 stages x 2', '8 layers as 2
         circular repeats x 2 stages x 2 repeated'."""
         if not self.pipelined:
@@ -103,7 +103,6 @@ class StackLayout:
         return (f"{self.num_layers} layers as {' x '.join(parts)}"
                 + (" repeated" if self.repeated else ""))
 
-    __str__ = describe
 
 
 # ----- a layout from a config or from shapes ---------------------------------------------

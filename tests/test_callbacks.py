@@ -4,7 +4,7 @@ every_n_steps, save and stop requests, the order of the hooks, published scalars
 import pytest
 
 from core.callbacks import Callback, Request
-from runner.training.callbacks import ConsoleSummaries
+from runner.training.builtin_callbacks import ConsoleSummaries
 from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

@@ -20,7 +20,7 @@ from core.errors import UserError
 from launch import job
 from runner.state import checkpoints
 from runner.training import preemption
-from runner.training.callbacks import NonFiniteLossError
+from runner.training.builtin_callbacks import NonFiniteLossError
 from runner.training.trainer import Trainer
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer

@@ -93,7 +93,7 @@ def test_cached_logits_equal_praxis_logits_prefill_and_steps(jobs, family):
     """Prefill a left-padded batch, then feed tokens one at a time: every position's logits
     equal praxis's full forward pass."""
     exp, _, params, trainer = jobs(family)
-    arch = architecture.describe(exp.run_config().model)
+    arch = architecture.architecture_of(exp.run_config().model)
     sequences = [ids("3 1 4 1 5 9 2 6 5 3"), ids("2 7 1 8 2 8 1 8 2 8"), ids("9 9 8")]
     prefill = [2, 6, 1]  # tokens of each row run together before stepping
     expected = praxis_logits(trainer, params, sequences)
@@ -218,4 +218,4 @@ def test_a_model_the_decoder_does_not_reproduce_is_refused():
     layer.tr_atten_tpl.internal_enable_per_dim_scale = True
     with pytest.raises(architecture.UnsupportedModel,
                        match="attention has a learned per-dimension query scale"):
-        architecture.describe(model)
+        architecture.architecture_of(model)

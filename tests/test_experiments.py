@@ -9,7 +9,8 @@ from praxis import pax_fiddle
 import experiments
 from core.errors import UserError
 from experiments import overrides
-from experiments.base import CHOICES, BaseExperiment
+from experiments.base import BaseExperiment
+from experiments.groups import CHOICES
 
 
 def test_builtin_experiments_are_registered():

@@ -81,7 +81,7 @@ def test_lora_fine_tune_of_an_imported_llama_on_boolq(hf_dir, data_dir, tmp_path
     assert step == 3
     params = {checkpoints.param_path(p): leaf
               for p, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]}
-    imported = hf_format.read_params(str(hf_dir), architecture.describe(
+    imported = hf_format.read_params(str(hf_dir), architecture.architecture_of(
         exp.run_config(data_dir=str(data_dir)).model), state["params"])
     adapters = [name for name in params if "lora" in name]
     assert sorted(imported) == sorted(set(params) - set(adapters))

@@ -73,7 +73,7 @@ def paxloom(hf_dir, **overrides):
     family, hyperparameters = hf_format.hyperparameters(hf_dir)
     exp = FAMILIES[family](**{**hyperparameters, **ON_8_DEVICES, **overrides})
     config = exp.run_config()
-    arch = architecture.describe(config.model)
+    arch = architecture.architecture_of(config.model)
     model = pax_fiddle.build(config.model)
     mesh_spec = pax_fiddle.build(config.mesh)
     mesh = mesh_lib.create_mesh(mesh_spec.ici_mesh_shape, mesh_spec.dcn_mesh_shape)
@@ -206,7 +206,7 @@ def test_export_then_import_gives_back_the_parameters(experiment, overrides, tmp
     assert FAMILIES[family] is experiment
     assert hyperparameters == {name: getattr(exp, name) for name in hyperparameters}
 
-    arch = architecture.describe(exp.run_config().model)
+    arch = architecture.architecture_of(exp.run_config().model)
     imported = hf_format.read_params(out, arch, trainer.abstract_state["params"])
     original = {key(p): np.asarray(v)
                 for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
@@ -301,14 +301,14 @@ def test_check_config_names_the_value_that_differs_and_the_flag(tmp_path):
     path = write_config(tmp_path, **LLAMA)
     model = LlamaBase(**{**hf_format.hyperparameters(path)[1], "NUM_LAYERS": 3})
     with pytest.raises(UserError) as error:
-        hf_format.check_config(path, architecture.describe(model.model_template()))
+        hf_format.check_config(path, architecture.architecture_of(model.model_template()))
     assert str(error.value) == ("config.json num_hidden_layers=2 differs from the run's model "
                                 "(NUM_LAYERS=3); set --fdl.NUM_LAYERS=2")
     gpt = experiments.BaseExperiment(**TINY)
     with pytest.raises(UserError, match=r'^config.json model_type="llama": the run\'s model is '
                                         r"a GPT \(GPT2LMHeadModel\); run a Llama, e.g. "
                                         r"--fdl_config=experiments.llama.LlamaBase"):
-        hf_format.check_config(path, architecture.describe(gpt.model_template()))
+        hf_format.check_config(path, architecture.architecture_of(gpt.model_template()))
 
 
 def test_import_hf_prints_the_flags_of_the_matching_run(tmp_path):

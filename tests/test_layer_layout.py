@@ -189,10 +189,10 @@ def test_a_pipelined_model_with_relaid_layers_computes_the_plain_models_loss(
             layers[1:] + layers[:1], layout)}}
         assert abs(loss(piped, swapped) - want) > 1e-3 * want
     # canonical_weights reads the pipelined tree as the plain one's layers.
-    arch = architecture.describe(tmpl)
+    arch = architecture.architecture_of(tmpl)
     assert arch.stack_layout == layout and arch.num_layers == L
     got = architecture.canonical_weights(relaid, arch)["layers"]
-    plain_arch = architecture.describe(template(repeated=False))
+    plain_arch = architecture.architecture_of(template(repeated=False))
     assert_same_layers(got, architecture.canonical_weights(params, plain_arch)["layers"])
     # and praxis_params (the import of canonical weights) writes the pipelined layout.
     back = architecture.praxis_params(
@@ -204,7 +204,7 @@ def test_a_pipelined_model_with_relaid_layers_computes_the_plain_models_loss(
 def test_canonical_weights_and_praxis_params_of_a_repeated_stack(plain):
     _, params, _ = plain
     layout = ll.StackLayout(L, repeated=True)
-    arch = architecture.describe(template(repeated=True))
+    arch = architecture.architecture_of(template(repeated=True))
     assert arch.layout == layout
     relaid = ll.relayout_tree(params, ll.StackLayout(L), layout)
     canonical = architecture.canonical_weights(relaid, arch)

@@ -60,7 +60,7 @@ def trainers(tmp_path_factory):
 
 def describe(family: str, target: str | None):
     experiment, overrides = settings(family, target)
-    return architecture.describe(experiment(**overrides).run_config().model)
+    return architecture.architecture_of(experiment(**overrides).run_config().model)
 
 
 def flat(tree) -> dict:
@@ -237,7 +237,7 @@ def test_the_adapters_work_with_the_fused_attention_layers(trainers, family, tmp
     assert attention.cls in (fused_attention.FusedDotProductAttention,
                              fused_attention.FusedMultiQueryDotProductAttention)
     assert lora.base_class(attention.proj_tpl.cls) is not attention.proj_tpl.cls
-    assert architecture.describe(model) == describe(family, "all")
+    assert architecture.architecture_of(model) == describe(family, "all")
     adapted = trainers(family, "all")
     params = random_state(adapted)["params"]
     sequences = [[3, 1, 4, 1, 5, 9, 2, 6]]

@@ -301,7 +301,7 @@ def test_jax_start_failures_become_one_line_user_errors(monkeypatch, error, mess
 def test_one_gpu_per_node_task_gets_a_hint(monkeypatch, environ, hinted):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "local_device_count", lambda: 1)
-    assert ("export JAX_LOCAL_DEVICE_IDS=0,1,...,7" in distributed.describe(environ)) is hinted
+    assert ("export JAX_LOCAL_DEVICE_IDS=0,1,...,7" in distributed.process_summary(environ)) is hinted
 
 
 # ----- the worker program --------------------------------------------------------------

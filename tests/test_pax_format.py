@@ -47,7 +47,7 @@ class Target:
 
     def __init__(self, experiment, **overrides):
         config = experiment(**{**SIZES, **overrides}).run_config()
-        self.arch = architecture.describe(config.model)
+        self.arch = architecture.architecture_of(config.model)
         self.model = pax_fiddle.build(config.model)
         mesh = mesh_lib.create_mesh([1, 1, 1], [1, 1, 1], devices=jax.devices()[:1])
         self.like = abstract_params(self.model, mesh, S)

@@ -53,7 +53,7 @@ def test_gpipe_plan_reports_its_bubble_and_stage_sends_over_nvlink(gpipe_ici):
     sends = p.stage_transfers
     assert sends and sum(t.sent_bytes for t in sends) > 0
     assert {t.links for t in sends} == {"ICI"}
-    text = "\n".join(planning.describe(p))
+    text = "\n".join(planning.report_lines(p))
     assert "GRADIENT_ACCUMULATION_STEPS=2: 2 sub-batches of 8 sequences" in text
     assert "Pipeline: 2 stages, schedule GPipe (1 layer per stage)" in text
     assert "4 microbatches of 2 sequences per sub-batch (2 sub-batches per step)" in text
@@ -69,7 +69,7 @@ def test_circular_plan_across_nodes_sends_over_the_network(circular_dcn):
     sends = p.stage_transfers
     assert sends and sum(t.sent_bytes for t in sends) > 0
     assert {t.links for t in sends} == {"DCN"}
-    text = "\n".join(planning.describe(p))
+    text = "\n".join(planning.report_lines(p))
     assert "schedule circular (CIRCULAR_REPEAT=2: each stage holds 2 blocks of 1 layer" in text
     assert "bubble (S-1)/(R*M+S-1) = 1/(2*4+1) = 11.1%" in text
 

@@ -245,5 +245,5 @@ def test_loss_chunk_len_picks_the_class_and_decoding_accepts_it(family):
     assert model.lm_tpl.softmax_tpl.cls is chunked_cls
     assert model.lm_tpl.softmax_tpl.loss_chunk_len == 16
     # The cached decoder and the export read the same architecture either way.
-    plain = architecture.describe(experiment(**settings, LOSS_CHUNK_LEN=0).model_template())
-    assert architecture.describe(model) == plain
+    plain = architecture.architecture_of(experiment(**settings, LOSS_CHUNK_LEN=0).model_template())
+    assert architecture.architecture_of(model) == plain

@@ -8,7 +8,7 @@ from praxis import pax_fiddle
 
 import experiments
 from runner.cluster import mesh as mesh_lib
-from runner.training.callbacks import CallbackList, TensorBoard
+from runner.training.builtin_callbacks import CallbackList, TensorBoard
 from runner.training.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
 from tests.support.data import write_lines, write_pile

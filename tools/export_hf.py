@@ -60,7 +60,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
     """Write the Hugging Face directory `output` from job_log_dir's checkpoint; return it."""
     exp = _experiment(job_log_dir)
     config = exp.run_config(vocab_path=vocab_path)  # the experiment stops here
-    arch = inference.describe(config, "export")
+    arch = inference.run_architecture(config, "export")
     target = hf_format.target(arch)
     hf_format.check_representable(arch, target)  # before the (slow) read of the weights
     out = Path(output)

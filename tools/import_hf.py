@@ -47,7 +47,7 @@ def run_flags(hf_dir: str) -> list[str]:
     experiment = experiments.resolve(EXPERIMENTS[family])(**hyperparameters)
     # The flags must rebuild exactly the checkpoint's model: check them as a run would.
     try:
-        arch = architecture.describe(experiment.model_template())
+        arch = architecture.architecture_of(experiment.model_template())
     except architecture.UnsupportedModel as error:
         raise UserError(f"{EXPERIMENTS[family]}'s model cannot be read from a checkpoint: "
                         f"{error}") from None

@@ -108,7 +108,7 @@ def initialize(options: DistributedOptions, environ=os.environ) -> bool:
     return True
 
 
-def describe(environ=os.environ) -> str:
+def process_summary(environ=os.environ) -> str:
     """One line about the running multi-process job (for process 0's log)."""
     line = (f"jax.distributed: {jax.process_count()} processes, coordinator "
             f"{_coordinator_address() or '?'}, {jax.local_device_count()} local and "

@@ -159,7 +159,7 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
     encoded = [_fit_context(i, tokenizer.encode(text), model.max_seq_len)
                for i, text in enumerate(texts)]
     log(f"decoding {len(texts)} prompt(s) with step {model.step} of {model.checkpoint}: "
-        f"{_describe(options)}, at most {max_decode_steps} tokens each")
+        f"{_sampling_summary(options)}, at most {max_decode_steps} tokens each")
     steps = min(max_decode_steps, model.max_seq_len)  # a prompt has at least one token
     batch = min(batch_size, len(texts))  # every batch the same size: one program
     records, elapsed = [], 0.0
@@ -245,7 +245,7 @@ def _record(text: str, prompt_ids: list[int], row: np.ndarray, tokenizer, second
     }
 
 
-def _describe(options: SamplingOptions) -> str:
+def _sampling_summary(options: SamplingOptions) -> str:
     if options.greedy:
         return "greedy"
     limits = [f"top_k {options.top_k}"] if options.top_k else []

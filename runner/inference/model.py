@@ -41,12 +41,12 @@ class InferenceModel:
     programs: dict = dataclasses.field(default_factory=dict, repr=False)
 
 
-def describe(config: fdl.Config, what: str) -> architecture.Architecture:
+def run_architecture(config: fdl.Config, what: str) -> architecture.Architecture:
     """The architecture of the run graph `config`'s model; UserError naming the run (its
     `name`) and `what` cannot run ("export") if the inference code cannot reproduce it.
     A pipelined model is described unpipelined, as `load` reads it."""
     try:
-        return architecture.describe(unpipelined(config.model))
+        return architecture.architecture_of(unpipelined(config.model))
     except architecture.UnsupportedModel as error:
         raise UserError(f"{what} cannot run {config.name}'s model: {error}") from None
 
@@ -57,7 +57,7 @@ def load(config: fdl.Config, job_log_dir: str, *, what: str,
     """The model of the run graph `config` from the latest (or the chosen) checkpoint of
     job_log_dir (or of restore_checkpoint_dir), on the graph's mesh over `devices`
     (default: all). `what` names the caller in errors ("--mode=decode")."""
-    arch = describe(config, what)
+    arch = run_architecture(config, what)
     shape = pax_fiddle.build(config.model_shape)
     checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
     source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,

@@ -327,7 +327,7 @@ def fits(p: Plan, budget: int) -> bool:
     return p.memory.peak <= budget
 
 
-def describe(p: Plan) -> list[str]:
+def report_lines(p: Plan) -> list[str]:
     """The plan as lines of text: the model, memory per device, collectives, pipeline."""
     shape = p.mesh_shape
     m = p.memory
@@ -389,11 +389,11 @@ def describe(p: Plan) -> list[str]:
     if not p.traffic:
         lines.append("  none (every device computes alone)")
     if p.pipeline is not None:
-        lines += ["", *describe_pipeline(p)]
+        lines += ["", *pipeline_lines(p)]
     return lines
 
 
-def describe_pipeline(p: Plan) -> list[str]:
+def pipeline_lines(p: Plan) -> list[str]:
     """The schedule, its bubble and what the stages send each other."""
     pipe = p.pipeline
     s, m, r = pipe.num_stages, pipe.num_microbatches, pipe.circular_repeat

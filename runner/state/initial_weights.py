@@ -98,7 +98,7 @@ class _Source:
         from layers import architecture
 
         try:
-            arch = architecture.describe(self.model_config)
+            arch = architecture.architecture_of(self.model_config)
         except architecture.UnsupportedModel as error:
             raise UserError(f"{FLAG}: cannot map {self.kind} onto this model: {error}") from None
         arrays = self._read(self.path, arch, abstract_params)

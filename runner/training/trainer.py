@@ -34,7 +34,7 @@ from runner.state.train_state import (
     state_shardings,
 )
 from runner.training import accumulation, compile_log, throughput
-from runner.training.callbacks import CallbackList, check_finite
+from runner.training.builtin_callbacks import CallbackList, check_finite
 from runner.training.prefetch import Prefetcher
 
 

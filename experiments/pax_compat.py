@@ -1,0 +1,55 @@
+"""Pax's hyperparameter names that Paxloom accepts so that a config copied from paxml runs,
+without a model or optimizer of its own behind them: each is accepted at the value Pax's
+GPU configs give it and refused otherwise, in one line with the reason. They are declared
+(with those defaults) by the `PaxDefaults` group, and --print_config lists them apart."""
+
+from core.errors import UserError
+
+_LRED = ("LR_LRED_* configure Pax's exponential-decay schedule (LinearRampupExponentialDecay), "
+         "which Paxloom does not have; set LR_COS_*")
+
+# name: (Pax's default, why no other value is accepted)
+ACCEPTED_AT_DEFAULT = {
+    "LR_SCHEDULE": ("linear_rampup_cosine_decay",
+                    "Paxloom has only praxis's 'linear_rampup_cosine_decay' (LR_COS_*), not "
+                    "Pax's LinearRampupExponentialDecay (LR_LRED_*)"),
+    # paxml TransformerLmSpmdAdam's LR_LRED_* and set_default_adafactor's decay_end.
+    "LR_LRED_WARMUP": (4000, _LRED),
+    "LR_LRED_DECAY_START": (4001, _LRED),
+    "LR_LRED_DECAY_END": (300000, _LRED),
+    "LR_LRED_MIN_RATIO": (0.1, _LRED),
+    "LR_LRED_MAX": (1.0, _LRED),
+    "DECAY_END": (100000, "DECAY_END ends Pax's exponential-decay schedule "
+                          "(LinearRampupExponentialDecay), which Paxloom does not have; set "
+                          "LR_COS_*"),
+    "RELATIVE_BIAS": (False, "praxis's RelativeBias (bucketed relative position bias) is not "
+                             "in Paxloom's models"),
+    "NORM_POLICY": ("pre", "Paxloom's models are pre-norm only ('pre'; the Hugging Face "
+                           "export reads no other)"),
+    "ENABLE_DCONV": (False, "Primer's depthwise convolutions on q/k/v (praxis dconv_qkv) are "
+                            "not in Paxloom's attention"),
+    "TRAINING_OPTIMIZED_SHARDING": (True, "Paxloom always shards for training "
+                                          "(set_sharding_params_v1(training_optimized=True) in "
+                                          "runner/state/partitioning.py)"),
+}
+
+# Names a Pax config sets that Paxloom refuses at class creation, with the reason.
+REFUSED = {
+    "R_COS_MIN_RATIO": "a typo in paxml's GPU configs (GPT126M), which Pax never read (its "
+                       "minimum ratio is the inherited LR_COS_MIN_RATIO = 0.1); set "
+                       "LR_COS_MIN_RATIO",
+}
+
+
+def check(exp) -> None:
+    """Every accepted-at-default name at its default, or one line naming it and why."""
+    for name, (default, reason) in ACCEPTED_AT_DEFAULT.items():
+        value = getattr(exp, name)
+        if value != default:
+            raise UserError(f"{name}={value!r}: {reason}")
+
+
+def at_default(hyperparameters: dict) -> list[str]:
+    """The accepted-at-default names `hyperparameters` holds at their defaults."""
+    return [name for name, (default, _) in ACCEPTED_AT_DEFAULT.items()
+            if name in hyperparameters and hyperparameters[name] == default]
