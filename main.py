@@ -16,17 +16,20 @@ checkpoint is kept); 130 for a Ctrl-C outside the training loop.
 import os
 import sys
 
+from absl import flags
+
 from core import errors
 from core.errors import UserError
-from launch import flags as launch_flags
-from runner.cluster import compilation_cache, xla_flags
 
-FLAGS = launch_flags.FLAGS
+FLAGS = flags.FLAGS  # defined by launch/flags.py, which main() imports
 
 
 def main(argv: list[str]) -> int:
+    # Imported here, not above: a missing dependency (praxis) is then one line, exit 2.
     from experiments import overrides
+    from launch import flags as launch_flags
     from launch import resolve
+    from runner.cluster import compilation_cache, xla_flags
 
     rest, hyperparameter_overrides, graph_overrides = overrides.split(argv)
     launch_flags.parse(rest)
@@ -34,6 +37,7 @@ def main(argv: list[str]) -> int:
     dropped = xla_flags.drop_retired()
     if dropped:
         print(xla_flags.note(dropped), file=sys.stderr)
+    xla_flags.check_host_device_count()
     if FLAGS.list_experiments:
         return list_experiments()
 
@@ -152,7 +156,8 @@ def exit_now(code: int, message: str) -> None:
     os._exit(code)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `paxloom` command (an installed package's entry point) and `python main.py`."""
     try:
         sys.exit(main(sys.argv))
     except UserError as error:
@@ -168,3 +173,7 @@ if __name__ == "__main__":
         if callbacks is None or not isinstance(error, callbacks.NonFiniteLossError):
             raise
         exit_now(3, str(error))
+
+
+if __name__ == "__main__":
+    cli()

@@ -3,7 +3,7 @@
 For each experiment (Synthetic126M, GPT1_3B, Synthetic5B cut to 8 layers so it fits one
 GPU, and Llama1B, the last three on synthetic data) and each attention implementation
 (layers/attention.py: praxis, xla, cudnn, pallas, auto): compile time, steady step time,
-tokens/s, MFU (the README's formula, against runner/training/throughput.py's peak table), peak
+tokens/s, MFU (docs/performance.md's formula, against runner/training/throughput.py's peak table), peak
 device memory and XLA's own estimate of it, as a table on stdout and a JSON file (a list
 of rows, each with the device kind and the jax and torch versions), rewritten after each
 row so that a run cut off keeps what it measured. --dry_run only builds each row's

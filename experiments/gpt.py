@@ -3,7 +3,7 @@
 Every value of GPT126M, GPT5B and GPT175B is copied from paxml's
 `paxml/contrib/gpu/scripts_gpu/configs.py` (with what it inherits from paxml's
 TransformerLmSpmdAdam and TransformerLmSpmdAdafactor); the model itself is
-layers/gpt.py. Differences, each on purpose (also in the README):
+layers/gpt.py. Differences, each on purpose (also in docs/reference/reference-gpt.md):
 - DCN_MESH_SHAPE is [1,1,1] (one node); the reference's is its multi-node launch
   ([8,1,1] for 126M, [1,32,1] for 5B and 175B): pass it with --fdl.DCN_MESH_SHAPE.
 - Evaluation: Pile validation on EVAL_BATCHES batches and Lambada every

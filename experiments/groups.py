@@ -182,7 +182,7 @@ class Parallelism(Group):
             shape = getattr(self, name)
             if len(shape) not in (3, 4) or any(d < 1 for d in shape):
                 raise UserError(
-                    f"{name}={shape} must be three positive sizes [data, fsdp, tensor], "
+                    f"{name}={shape} must be three positive sizes [replica, data, mdl], "
                     f"e.g. [8,1,1] for pure data parallelism on 8 devices, or four with "
                     f"pipeline stages first, e.g. [2,1,4,1]"
                 )

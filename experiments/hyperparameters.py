@@ -33,9 +33,9 @@ class Hyperparameters:
         for name, value in vars(cls).items():
             if not is_hyperparameter_name(name):
                 continue
-            if name in pax_compat.REFUSED:
-                raise UserError(f"{cls.__module__}.{cls.__name__} sets {name}: "
-                                f"{pax_compat.REFUSED[name]}")
+            if name in pax_compat.IGNORED:
+                pax_compat.note_ignored(cls, name)
+                continue
             if name not in declared:
                 raise UserError(
                     f"{cls.__module__}.{cls.__name__} sets {name}, which is not a declared "

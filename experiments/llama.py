@@ -1,13 +1,13 @@
 """A Llama-style family through the model seam: nothing in runner/ knows it exists.
 
 `LlamaBase.model_template` returns layers/llama.py's praxis config; the runtime
-shards it like any other template. This module is also the README's example of
+shards it like any other template. This module is also the docs' example of
 adding a model family from a user's own module.
 
 Sizes are published ones: Llama1B is TinyLlama-1.1B (Zhang et al. 2024, "TinyLlama:
 An Open-Source Small Language Model", table 1 and its released config: 22 layers,
 2048 wide, 5632 feed-forward, 32 heads in 4 key/value groups, 2048 tokens,
-peak learning rate 4e-4 with 2000 warmup steps down to 4e-5); Llama7B is Llama 2 7B
+peak learning rate 4e-4 with 2000 warmup steps down to 4e-5); Llama2_7B is Llama 2 7B
 (Touvron et al. 2023, "Llama 2", tables 1 and section 2.2: 32 layers, 4096 wide,
 11008 feed-forward, 32 heads, 4096 tokens, AdamW beta2 0.95, epsilon 1e-5,
 weight decay 0.1, clipping 1.0, peak 3e-4 with 2000 warmup steps, cosine to 10%).
@@ -102,10 +102,10 @@ class Llama1B(_LlamaOnThePile):
 
 
 @register
-class Llama7B(_LlamaOnThePile):
+class Llama2_7B(_LlamaOnThePile):
     """Llama 2 7B shape (multi-head attention: NUM_KV_HEADS = NUM_HEADS).
 
-    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Llama7B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama7b
+    VOCAB_PATH=spm.model python main.py --fdl_config=experiments.Llama2_7B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama2_7b
     """
 
     NUM_LAYERS = 32
@@ -155,7 +155,7 @@ class LLaMA7B(LlamaBase):
 
     Values are the Pax GPU configs' (configs.py LLaMA7B over llama_utils.BaseLLaMA, c4's
     TransformerLmSpmdAdam, tasks.BoolQDataset, LoRAMixin, CheckpointRestoreMixin); what
-    differs, and why, is listed in the README ("Pax's LLaMA experiments"). Start from a
+    differs, and why, is listed in docs/guides/trained-weights.md ("Pax's LLaMA experiments"). Start from a
     Hugging Face or Pax checkpoint:
 
     python main.py --fdl_config=experiments.LLaMA7B --fdl.CHECKPOINT_RESTORE_PATH=hf/llama-2-7b --fdl.USE_LORA=True --data_dir=data --job_log_dir=runs/llama7b-boolq

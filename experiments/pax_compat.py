@@ -3,6 +3,8 @@ without a model or optimizer of its own behind them: each is accepted at the val
 GPU configs give it and refused otherwise, in one line with the reason. They are declared
 (with those defaults) by the `PaxDefaults` group, and --print_config lists them apart."""
 
+import sys
+
 from core.errors import UserError
 
 _LRED = ("LR_LRED_* configure Pax's exponential-decay schedule (LinearRampupExponentialDecay), "
@@ -33,12 +35,20 @@ ACCEPTED_AT_DEFAULT = {
                                           "runner/state/partitioning.py)"),
 }
 
-# Names a Pax config sets that Paxloom refuses at class creation, with the reason.
-REFUSED = {
-    "R_COS_MIN_RATIO": "a typo in paxml's GPU configs (GPT126M), which Pax never read (its "
-                       "minimum ratio is the inherited LR_COS_MIN_RATIO = 0.1); set "
-                       "LR_COS_MIN_RATIO",
+# Names a Pax config sets that Pax itself never reads: a class that sets one is accepted
+# (a config copied from paxml runs as it is), with a one-line note, and the value ignored.
+IGNORED = {
+    "R_COS_MIN_RATIO": "a typo in paxml's GPU configs (GPT126M) that Pax never reads (its "
+                       "minimum ratio is the inherited LR_COS_MIN_RATIO = 0.1); ignored, as "
+                       "Pax ignores it: set LR_COS_MIN_RATIO",
 }
+
+
+def note_ignored(cls, name: str) -> None:
+    """One line on stderr when a class sets an IGNORED name. (Not core.log.log: a class is
+    created at import, before jax may start.)"""
+    print(f"note: {cls.__module__}.{cls.__name__} sets {name}: {IGNORED[name]}",
+          file=sys.stderr)
 
 
 def check(exp) -> None:

@@ -58,11 +58,15 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
                                         options.restore_checkpoint_step, mode)
     if source is None and run_spec.initial_weights is not None:
         initial_weights.check_source(run_spec.initial_weights)
+    # The vocabulary the checkpoints were trained with, by its recorded fingerprint: an
+    # evaluation's source run, or this job's own when training resumes. Before any data is
+    # tokenized or anything is written.
+    vocab_path = (options.data_locations or {}).get("vocab_path")
+    record.check_vocabulary(run_spec.tokenizer, job_log_dir, vocab_path)
+    if mode == "eval" and options.restore_checkpoint_dir:
+        record.check_vocabulary(run_spec.tokenizer, options.restore_checkpoint_dir, vocab_path)
     check_inputs(run_spec, mode)
     if mode == "eval":
-        record.check_vocabulary(run_spec.tokenizer,
-                                options.restore_checkpoint_dir or job_log_dir,
-                                (options.data_locations or {}).get("vocab_path"))
         return _evaluate(exp, config, run_spec, mesh, source, options)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")

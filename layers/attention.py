@@ -21,7 +21,7 @@ implementations:
             packed rows on any GPU. Run per device under shard_map (Pallas kernels are not
             partitioned by XLA). On CPU it runs in interpret mode, which is slow and meant
             for tests.
-- "auto":   the fastest exact choice (README, "Attention"): "cudnn" where it can run (a
+- "auto":   the fastest exact choice (docs/guides/gpus.md, "Attention kernels"): "cudnn" where it can run (a
             GPU, bf16/fp16, packed rows only on Hopper or newer), else "pallas" on a GPU;
             "praxis" on CPU and wherever attention dropout is on.
 """

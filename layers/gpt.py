@@ -16,10 +16,17 @@ cross-entropy runs over chunks of the sequence (same parameters, same loss).
 """
 
 from praxis import pax_fiddle
-from praxis.layers import activations, embedding_softmax, transformer_models
+from praxis.layers import activations, embedding_softmax
 
-from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
-from layers.stack import gaussian, language_model, transformer_layer_template
+from layers.softmax import ChunkedSharedEmbeddingSoftmax
+from layers.stack import (
+    chunked_loss,
+    gaussian,
+    language_model,
+    separate_softmax,
+    transformer_layer_template,
+    transformer_lm,
+)
 
 
 def gpt_model(
@@ -53,13 +60,8 @@ def gpt_model(
     where paxml's TransformerLmSpmdAdafactor/Adam and configure_gpt3_task set them; their
     defaults are the Pax GPU configs' values.
     """
-    lm = pax_fiddle.Config(
-        transformer_models.TransformerLm,
-        model_dims=model_dims,
-        vocab_size=vocab_size,
-        packed_input=packed_input,
-        stacked_transformer_tpl=stack,
-    )
+    lm = transformer_lm(stack, model_dims=model_dims, vocab_size=vocab_size,
+                        packed_input=packed_input)
     if trainable_position_emb:
         lm.position_emb_tpl = pax_fiddle.Config(
             embedding_softmax.TrainablePositionalEmbedding,
@@ -96,30 +98,22 @@ def _set_softmax(lm: pax_fiddle.Config, *, separate_embedding: bool, loss_chunk_
                  softmax_cap_logits: float | None, softmax_init_std: float,
                  embedding_lookup_style: str) -> None:
     """The output softmax, tied to the input embedding (Pax's GPT) or separate from it."""
-    vocab_size, model_dims = lm.vocab_size, lm.model_dims
-    # Chunking changes how the training loss is computed, not the layer's parameters.
-    chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
     if separate_embedding:  # paxml: Embedding in, FullSoftmax out, no sqrt(depth) scaling
-        lm.separate_embedding_tpl = pax_fiddle.Config(
-            embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
-            scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
-        lm.softmax_tpl = pax_fiddle.Config(
-            ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
-            num_classes=vocab_size, input_dims=model_dims,
-            soft_cap_logits=softmax_cap_logits or None,
-            params_init=gaussian(softmax_init_std))
-    else:
-        lm.softmax_tpl = pax_fiddle.Config(
-            ChunkedSharedEmbeddingSoftmax if chunked
-            else embedding_softmax.SharedEmbeddingSoftmax,
-            **chunked,
-            num_classes=vocab_size,
-            input_dims=model_dims,
-            scale_sqrt_depth=False,
-            soft_cap_logits=softmax_cap_logits or None,  # Pax: None or 0 is no cap
-            lookup_style=embedding_lookup_style,
-            params_init=gaussian(softmax_init_std),
-        )
+        separate_softmax(lm, loss_chunk_len=loss_chunk_len, softmax_init_std=softmax_init_std,
+                         embedding_lookup_style=embedding_lookup_style,
+                         soft_cap_logits=softmax_cap_logits or None)
+        return
+    chunked = chunked_loss(loss_chunk_len)
+    lm.softmax_tpl = pax_fiddle.Config(
+        ChunkedSharedEmbeddingSoftmax if chunked else embedding_softmax.SharedEmbeddingSoftmax,
+        **chunked,
+        num_classes=lm.vocab_size,
+        input_dims=lm.model_dims,
+        scale_sqrt_depth=False,
+        soft_cap_logits=softmax_cap_logits or None,  # Pax: None or 0 is no cap
+        lookup_style=embedding_lookup_style,
+        params_init=gaussian(softmax_init_std),
+    )
     lm.softmax_tpl.feed_forward_tpl.has_bias = False
 
 

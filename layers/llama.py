@@ -19,11 +19,14 @@ from praxis.layers import (
     embedding_softmax,
     multi_query_attention,
     normalizations,
-    transformer_models,
 )
 
-from layers.softmax import ChunkedFullSoftmax
-from layers.stack import gaussian, language_model, transformer_layer_template
+from layers.stack import (
+    language_model,
+    separate_softmax,
+    transformer_layer_template,
+    transformer_lm,
+)
 
 
 def llama_model(
@@ -45,25 +48,13 @@ def llama_model(
     """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`."""
     rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
                                  direct_scale=False)
-    lm = pax_fiddle.Config(
-        transformer_models.TransformerLm,
-        model_dims=model_dims,
-        vocab_size=vocab_size,
-        packed_input=packed_input,
-        stacked_transformer_tpl=stack,
+    lm = transformer_lm(
+        stack, model_dims=model_dims, vocab_size=vocab_size, packed_input=packed_input,
         position_emb_tpl=None,  # positions enter through RoPE in every attention layer
         final_ln_tpl=rms_norm.clone(),
     )
-    lm.separate_embedding_tpl = pax_fiddle.Config(
-        embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
-        scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
-    # Chunking changes how the training loss is computed, not the layer's parameters.
-    chunked = {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
-    lm.softmax_tpl = pax_fiddle.Config(
-        ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
-        num_classes=vocab_size, input_dims=model_dims,
-        soft_cap_logits=None, params_init=gaussian(softmax_init_std))
-    lm.softmax_tpl.feed_forward_tpl.has_bias = False
+    separate_softmax(lm, loss_chunk_len=loss_chunk_len, softmax_init_std=softmax_init_std,
+                     embedding_lookup_style=embedding_lookup_style)
 
     layer = transformer_layer_template(stack)
     layer.ln_tpl = rms_norm.clone()

@@ -66,6 +66,12 @@ def _adapter_variables(layer, in_dims: int, out_dims: int,
     layer.create_variable("lora_b", variable(out_dims, base_layer.WeightInit.Constant(0.0)))
 
 
+def _low_rank(x, a, b):
+    """The adapter path `x @ a @ b.T` ([..., in] -> [..., out]), through the rank: never
+    the full [in, out] product."""
+    return jnp.einsum("...r,or->...o", jnp.einsum("...i,ir->...r", x, a), b)
+
+
 def _check_layout(layer) -> None:
     if layer.attention_combine_dims or getattr(layer, "use_nhd_shape", False):
         raise NotImplementedError(f"{type(layer).__name__}: LoRA needs the [D, N, H] weight "
@@ -83,9 +89,8 @@ class LoraLinear(linears.Linear):
         _adapter_variables(self, self.input_dims, self.output_dims)
 
     def __call__(self, inputs):
-        low_rank = jnp.einsum("...i,ir->...r", inputs, self.theta.lora_a)
-        return super().__call__(inputs) + jnp.einsum("...r,or->...o", low_rank,
-                                                     self.theta.lora_b)
+        return super().__call__(inputs) + _low_rank(inputs, self.theta.lora_a,
+                                                    self.theta.lora_b)
 
 
 class LoraAttentionProjection(attentions.AttentionProjection):
@@ -107,10 +112,10 @@ class LoraAttentionProjection(attentions.AttentionProjection):
         a, b = self.theta.lora_a, self.theta.lora_b
         if self.is_output_projection:  # [..., N, H] -> [..., D]: x_flat @ b @ a.T
             flat = x.reshape(*x.shape[:-2], self.num_heads * self.dim_per_head)
-            delta = jnp.einsum("...r,dr->...d", jnp.einsum("...n,nr->...r", flat, b), a)
+            delta = _low_rank(flat, b, a)
         else:  # [..., D] -> [..., N, H]: x @ a @ b.T
-            delta = jnp.einsum("...r,nr->...n", jnp.einsum("...d,dr->...r", x, a), b)
-            delta = delta.reshape(*x.shape[:-1], self.num_heads, self.dim_per_head)
+            delta = _low_rank(x, a, b).reshape(*x.shape[:-1], self.num_heads,
+                                               self.dim_per_head)
         return out + delta
 
 
@@ -147,10 +152,8 @@ class LoraOneHeadedAttentionProjection(multi_query_attention.OneHeadedAttentionP
         _adapter_variables(self, self.input_dim, self.output_dim)
 
     def __call__(self, inputs):
-        low_rank = jnp.einsum("...d,dr->...r", self._cast_to_fprop_dtype(inputs),
-                              self.theta.lora_a)
-        return super().__call__(inputs) + jnp.einsum("...r,hr->...h", low_rank,
-                                                     self.theta.lora_b)
+        return super().__call__(inputs) + _low_rank(self._cast_to_fprop_dtype(inputs),
+                                                    self.theta.lora_a, self.theta.lora_b)
 
 
 # praxis layer class -> its adapted subclass.

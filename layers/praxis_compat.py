@@ -42,7 +42,15 @@ for _name in ("tree_map", "tree_flatten"):
 #   sharding.num_shards_on_dim    counts one shard on every axis (the optional "[t]"
 #                                 dimensions of grouped-query attention's annotations).
 # Both read the abstract mesh that jax.set_mesh sets (inside jit too).
-from praxis import base_layer as _base_layer  # noqa: E402  (after the patches above)
+try:
+    from praxis import base_layer as _base_layer  # noqa: E402  (after the patches above)
+except ModuleNotFoundError as _missing:
+    # praxis 1.4.0 pins jax 0.4.26 and TensorFlow 2.9, so it is installed without them.
+    from core.errors import UserError
+
+    raise UserError(f"{_missing.name} is not installed: it goes in without its stale pins, "
+                    f"pip install --no-deps -r requirements-nodeps.txt (a Paxloom clone's "
+                    f"file; `make install` does it)") from None
 from praxis import py_utils as _py_utils  # noqa: E402
 from praxis.layers import sharding as _sharding  # noqa: E402
 

@@ -1,15 +1,24 @@
-"""Pieces every decoder family shares: the layer stack, the LanguageModel wrapper, and
-one helper that finds the per-layer template inside a stack, repeated or not.
+"""Pieces every decoder family shares: the layer stack, the TransformerLm around it, an
+output layer separate from the input embedding, the LanguageModel wrapper, and one
+helper that finds the per-layer template inside a stack, repeated or not.
 
 A family (layers/gpt.py, layers/llama.py) takes the stack from `transformer_stack`,
-configures the layer template it returns (norms, attention, feed-forward) and wraps
-the result with `language_model`. Everything here is unsharded: the runtime adds
+puts it in `transformer_lm`, configures the layer template it returns (norms,
+attention, feed-forward) and wraps the result with `language_model`. Everything here is unsharded: the runtime adds
 sharding last (runner/state/partitioning.py), whatever layer classes the template holds.
 """
 
 import jax.numpy as jnp
 from praxis import base_layer, pax_fiddle
-from praxis.layers import checkpoint_policy, models, transformers
+from praxis.layers import (
+    checkpoint_policy,
+    embedding_softmax,
+    models,
+    transformer_models,
+    transformers,
+)
+
+from layers.softmax import ChunkedFullSoftmax
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -108,6 +117,43 @@ def pipelined(stack: pax_fiddle.Config, *, num_stages: int, circular_repeat: int
         # (CHECKPOINT_POLICY; "none" saves everything).
         checkpoint_policy=stack.checkpoint_policy,
     )
+
+
+def transformer_lm(stack: pax_fiddle.Config, *, model_dims: int, vocab_size: int,
+                   packed_input: bool, **fields) -> pax_fiddle.Config:
+    """praxis's TransformerLm around `stack`, with the family's own `fields` set."""
+    return pax_fiddle.Config(
+        transformer_models.TransformerLm,
+        model_dims=model_dims,
+        vocab_size=vocab_size,
+        packed_input=packed_input,
+        stacked_transformer_tpl=stack,
+        **fields,
+    )
+
+
+def chunked_loss(loss_chunk_len: int) -> dict:
+    """The softmax keywords of `loss_chunk_len` (layers/softmax.py): none when it is 0.
+    Chunking changes how the training loss is computed, not the layer's parameters."""
+    return {"loss_chunk_len": loss_chunk_len} if loss_chunk_len else {}
+
+
+def separate_softmax(lm: pax_fiddle.Config, *, loss_chunk_len: int, softmax_init_std: float,
+                     embedding_lookup_style: str, soft_cap_logits: float | None = None) -> None:
+    """`lm`'s input embedding and output softmax as two layers (paxml's SEPARATE_EMBEDDING,
+    Llama's): an Embedding without sqrt(depth) scaling and a FullSoftmax without bias,
+    its own Gaussian init (`softmax_init_std`), its training loss chunked when
+    `loss_chunk_len` > 0."""
+    vocab_size, model_dims = lm.vocab_size, lm.model_dims
+    chunked = chunked_loss(loss_chunk_len)
+    lm.separate_embedding_tpl = pax_fiddle.Config(
+        embedding_softmax.Embedding, num_classes=vocab_size, input_dims=model_dims,
+        scale_sqrt_depth=False, lookup_style=embedding_lookup_style)
+    lm.softmax_tpl = pax_fiddle.Config(
+        ChunkedFullSoftmax if chunked else embedding_softmax.FullSoftmax, **chunked,
+        num_classes=vocab_size, input_dims=model_dims,
+        soft_cap_logits=soft_cap_logits, params_init=gaussian(softmax_init_std))
+    lm.softmax_tpl.feed_forward_tpl.has_bias = False
 
 
 def language_model(lm: pax_fiddle.Config, *, fprop_dtype: str, init_std: float

@@ -19,7 +19,6 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
 # -------------------------------------------------------------------------------------------
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck disable=SC2034  # used by the scripts that source this file
 MAIN_PY="${REPO_DIR}/main.py"
 
 # $PYTHON if set, else the clone's virtual environment, else python3 on PATH.
@@ -66,4 +65,54 @@ fake_cpu_devices() {  # NUM
   if [[ "${JAX_PLATFORMS:-}" == cpu && "${XLA_FLAGS}" != *xla_force_host_platform_device_count* ]]; then
     export XLA_FLAGS="${XLA_FLAGS} --xla_force_host_platform_device_count=$1"
   fi
+}
+
+# --- The launchers' shared steps ----------------------------------------------------------
+# Every run_*.sh takes the same six positional arguments and builds main.py's command the
+# same way; each keeps only what differs (its usage text, defaults, SLURM checks, flags).
+
+# --help, or too few arguments, prints the calling script's usage(). Then the six arguments,
+# checked, become TFDS_DATA_DIR VOCAB_PATH PREC NUM_GPUS PERCORE_BATCH_SIZE LOG_DIR; the
+# caller shifts them off, so that "$@" is left with the user's extra main.py flags.
+read_launcher_args() {  # NUM_GPUS_NAME "$@"; NUM_GPUS_NAME: the fourth argument in messages
+  local num_gpus_name=$1
+  shift
+  if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
+  if (($# < 6)); then usage >&2; exit 2; fi
+  TFDS_DATA_DIR=$1 VOCAB_PATH=$2 PREC=$3 NUM_GPUS=$4 PERCORE_BATCH_SIZE=$5 LOG_DIR=$6
+  require_positive_int "$num_gpus_name" "$NUM_GPUS"
+  require_number PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE"
+  require_dir TFDS_DATA_DIR "$TFDS_DATA_DIR"
+  require_file VOCAB_PATH "$VOCAB_PATH"
+  ICI_MESH_SHAPE=${ICI_MESH_SHAPE-[${NUM_GPUS},1,1]}
+  export VOCAB_PATH
+}
+
+# Sets the array args to main.py's flags for the six arguments; $@ goes right after
+# --fdl_config (Lambada's --mode=eval). The caller appends its own, then add_mesh_flag.
+# shellcheck disable=SC2120  # the flags are optional; they are not the script's arguments
+main_args() {
+  args=(
+    --fdl_config="$(fdl_config "$EXPERIMENT")"
+    "$@"
+    --job_log_dir="$LOG_DIR"
+    --data_dir="$TFDS_DATA_DIR"
+    --vocab_path="$VOCAB_PATH"
+    --fdl.FPROP_DTYPE=\""$PREC"\"
+    --fdl.PERCORE_BATCH_SIZE="$PERCORE_BATCH_SIZE"
+  )
+}
+
+# An empty ICI_MESH_SHAPE or DCN_MESH_SHAPE keeps the experiment's own mesh.
+add_mesh_flag() {  # ICI_MESH_SHAPE|DCN_MESH_SHAPE
+  if [[ -n "${!1}" ]]; then args+=("--fdl.$1=${!1}"); fi
+}
+
+# Prints the command (after PREFIX) and runs main.py with args, then the user's flags ($@).
+# exec: signals (Ctrl-C, SLURM's SIGTERM) reach the trainer directly.
+exec_main() {  # PREFIX "$@"
+  local prefix=$1
+  shift
+  echo "+ ${prefix}$PYTHON -u $MAIN_PY ${args[*]} $*" >&2
+  exec "$PYTHON" -u "$MAIN_PY" "${args[@]}" "$@"
 }

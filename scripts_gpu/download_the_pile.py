@@ -191,19 +191,45 @@ def _shard_range(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+# make_parser and run are download_lambada.py's too: both scripts take --data_dir and a URL
+# and end the same way.
+def make_parser(
+    doc: str, what: str, url_flags: tuple[str, ...], url_default: str, url_help: str
+) -> argparse.ArgumentParser:
+    """The downloaders' parser: `doc`'s first line, --data_dir for <what>/, then the URL option."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument(
         "--data_dir",
         default=os.environ.get("TFDS_DATA_DIR"),
-        help="where pile/ goes (default $TFDS_DATA_DIR)",
+        help=f"where {what}/ goes (default $TFDS_DATA_DIR)",
     )
-    parser.add_argument(
-        "--mirror",
-        "--url",
-        dest="mirror",
-        default=DEFAULT_MIRROR,
-        help=f"base URL with train/NN.jsonl.zst, val.jsonl.zst, test.jsonl.zst (default {DEFAULT_MIRROR})",
+    parser.add_argument(*url_flags, default=url_default, help=f"{url_help} (default {url_default})")
+    return parser
+
+
+def run(download, args) -> int:
+    """Call download(args) and return main()'s exit status: 0; a DownloadError prints one line
+    and gives 2 (no traceback); Ctrl-C gives 130, the download left to resume."""
+    try:
+        if not args.data_dir:
+            raise DownloadError("no data directory: pass --data_dir or set TFDS_DATA_DIR")
+        download(args)
+    except DownloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = make_parser(
+        __doc__,
+        "pile",
+        ("--mirror", "--url"),
+        DEFAULT_MIRROR,
+        "base URL with train/NN.jsonl.zst, val.jsonl.zst, test.jsonl.zst",
     )
     parser.add_argument(
         "--splits", default="train,val,test", help="comma-separated subset of train,val,test"
@@ -214,42 +240,35 @@ def main(argv=None) -> int:
         help="train shards to fetch: a range like 0-29 or a list like 0,5",
     )
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
+    return run(_download, parser.parse_args(argv))
+
+
+def _download(args) -> None:
+    splits = [s for s in args.splits.split(",") if s]
+    unknown = set(splits) - {"train", "val", "test"}
+    if unknown:
+        raise DownloadError(f"--splits has unknown {sorted(unknown)}; use train, val, test")
     try:
-        if not args.data_dir:
-            raise DownloadError("no data directory: pass --data_dir or set TFDS_DATA_DIR")
-        splits = [s for s in args.splits.split(",") if s]
-        unknown = set(splits) - {"train", "val", "test"}
-        if unknown:
-            raise DownloadError(f"--splits has unknown {sorted(unknown)}; use train, val, test")
-        try:
-            shards = _shard_range(args.train_shards)
-        except ValueError:
-            raise DownloadError(
-                f"--train_shards={args.train_shards!r} is not a range like 0-29 or list like 0,5"
-            ) from None
-        base = args.mirror.rstrip("/")
-        names = []
-        if "train" in splits:
-            names += [f"train/{i:02d}.jsonl.zst" for i in shards]
-        names += [f"{s}.jsonl.zst" for s in ("val", "test") if s in splits]
-        pile_dir = Path(args.data_dir) / "pile"
-        todo = [n for n in names if not (pile_dir / n).exists()]
-        for n in set(names) - set(todo):
-            print(f"{pile_dir / n} exists, skipping")
-        sums = fetch_checksums(base) if todo else {}
-        if todo and not sums:
-            print(f"note: {base}/SHA256SUMS.txt not available; checking sizes only")
-        for name in todo:
-            fetch(f"{base}/{name}", pile_dir / name, sums.get(name), progress=not args.no_progress)
-            print(f"wrote {pile_dir / name}")
-    except DownloadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; run the same command again to resume", file=sys.stderr)
-        return 130
-    return 0
+        shards = _shard_range(args.train_shards)
+    except ValueError:
+        raise DownloadError(
+            f"--train_shards={args.train_shards!r} is not a range like 0-29 or list like 0,5"
+        ) from None
+    base = args.mirror.rstrip("/")
+    names = []
+    if "train" in splits:
+        names += [f"train/{i:02d}.jsonl.zst" for i in shards]
+    names += [f"{s}.jsonl.zst" for s in ("val", "test") if s in splits]
+    pile_dir = Path(args.data_dir) / "pile"
+    todo = [n for n in names if not (pile_dir / n).exists()]
+    for n in set(names) - set(todo):
+        print(f"{pile_dir / n} exists, skipping")
+    sums = fetch_checksums(base) if todo else {}
+    if todo and not sums:
+        print(f"note: {base}/SHA256SUMS.txt not available; checking sizes only")
+    for name in todo:
+        fetch(f"{base}/{name}", pile_dir / name, sums.get(name), progress=not args.no_progress)
+        print(f"wrote {pile_dir / name}")
 
 
 if __name__ == "__main__":

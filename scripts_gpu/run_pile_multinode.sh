@@ -24,18 +24,12 @@ Example (inside an allocation):
 EOF
 }
 
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
-if (($# < 6)); then usage >&2; exit 2; fi
-
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-TFDS_DATA_DIR=$1 VOCAB_PATH=$2 PREC=$3 GPUS_PER_NODE=$4 PERCORE_BATCH_SIZE=$5 LOG_DIR=$6
+# The fourth argument, NUM_GPUS_PER_NODE, becomes NUM_GPUS.
+read_launcher_args NUM_GPUS_PER_NODE "$@"
 shift 6
-require_positive_int NUM_GPUS_PER_NODE "$GPUS_PER_NODE"
-require_number PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE"
-require_dir TFDS_DATA_DIR "$TFDS_DATA_DIR"
-require_file VOCAB_PATH "$VOCAB_PATH"
 
 NUM_NODES=${NUM_NODES:-${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}}
 [[ -n "$NUM_NODES" ]] || die "not inside a SLURM job (no SLURM_JOB_NUM_NODES): submit example_slurm_pile.sub, or set NUM_NODES and pass --server_addr/--num_hosts/--host_idx"
@@ -46,26 +40,16 @@ if [[ -n "${SLURM_NTASKS:-}" && "$SLURM_NTASKS" != "$NUM_NODES" ]]; then
 fi
 
 EXPERIMENT=${EXPERIMENT:-GPT126M}
-ICI_MESH_SHAPE=${ICI_MESH_SHAPE-[${GPUS_PER_NODE},1,1]}
 DCN_MESH_SHAPE=${DCN_MESH_SHAPE-[${NUM_NODES},1,1]}
-export VOCAB_PATH
 # jax.distributed.initialize() under SLURM restricts each process to GPU $SLURM_LOCALID
 # (one process per GPU); with one process per node it must see all of the node's GPUs.
-JAX_LOCAL_DEVICE_IDS=${JAX_LOCAL_DEVICE_IDS:-$(seq -s, 0 $((GPUS_PER_NODE - 1)))}
+JAX_LOCAL_DEVICE_IDS=${JAX_LOCAL_DEVICE_IDS:-$(seq -s, 0 $((NUM_GPUS - 1)))}
 export JAX_LOCAL_DEVICE_IDS
 
-args=(
-  --fdl_config="$(fdl_config "$EXPERIMENT")"
-  --job_log_dir="$LOG_DIR"
-  --data_dir="$TFDS_DATA_DIR"
-  --vocab_path="$VOCAB_PATH"
-  --fdl.FPROP_DTYPE=\""$PREC"\"
-  --fdl.PERCORE_BATCH_SIZE="$PERCORE_BATCH_SIZE"
-  --multiprocess_gpu
-)
-if [[ -n "$ICI_MESH_SHAPE" ]]; then args+=(--fdl.ICI_MESH_SHAPE="$ICI_MESH_SHAPE"); fi
-if [[ -n "$DCN_MESH_SHAPE" ]]; then args+=(--fdl.DCN_MESH_SHAPE="$DCN_MESH_SHAPE"); fi
+main_args
+args+=(--multiprocess_gpu)
+add_mesh_flag ICI_MESH_SHAPE
+add_mesh_flag DCN_MESH_SHAPE
 
 mkdir -p "$LOG_DIR"
-echo "+ [node ${SLURM_NODEID:-?}] $PYTHON -u $MAIN_PY ${args[*]} $*" >&2
-exec "$PYTHON" -u "$MAIN_PY" "${args[@]}" "$@"
+exec_main "[node ${SLURM_NODEID:-?}] " "$@"

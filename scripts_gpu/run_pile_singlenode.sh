@@ -25,35 +25,17 @@ Example: $(basename "$0") ~/datasets ~/c4_en_301_5Mexp2_spm.model bfloat16 8 4 r
 EOF
 }
 
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then usage; exit 0; fi
-if (($# < 6)); then usage >&2; exit 2; fi
-
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-TFDS_DATA_DIR=$1 VOCAB_PATH=$2 PREC=$3 NUM_GPUS=$4 PERCORE_BATCH_SIZE=$5 LOG_DIR=$6
+read_launcher_args NUM_GPUS "$@"
 shift 6
-require_positive_int NUM_GPUS "$NUM_GPUS"
-require_number PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE"
-require_dir TFDS_DATA_DIR "$TFDS_DATA_DIR"
-require_file VOCAB_PATH "$VOCAB_PATH"
 
 EXPERIMENT=${EXPERIMENT:-GPT126M}
-ICI_MESH_SHAPE=${ICI_MESH_SHAPE-[${NUM_GPUS},1,1]}
-export VOCAB_PATH
 fake_cpu_devices "$NUM_GPUS"
 
-args=(
-  --fdl_config="$(fdl_config "$EXPERIMENT")"
-  --job_log_dir="$LOG_DIR"
-  --data_dir="$TFDS_DATA_DIR"
-  --vocab_path="$VOCAB_PATH"
-  --fdl.FPROP_DTYPE=\""$PREC"\"
-  --fdl.PERCORE_BATCH_SIZE="$PERCORE_BATCH_SIZE"
-)
-if [[ -n "$ICI_MESH_SHAPE" ]]; then args+=(--fdl.ICI_MESH_SHAPE="$ICI_MESH_SHAPE"); fi
+main_args
+add_mesh_flag ICI_MESH_SHAPE
 
 mkdir -p "$LOG_DIR"
-echo "+ $PYTHON -u $MAIN_PY ${args[*]} $*" >&2
-# exec: signals (Ctrl-C, SLURM's SIGTERM) reach the trainer directly.
-exec "$PYTHON" -u "$MAIN_PY" "${args[@]}" "$@"
+exec_main "" "$@"

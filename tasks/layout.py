@@ -31,12 +31,11 @@ def pile_train_files(data_dir) -> list[Path]:
     """All train shards under <data_dir>/pile/train, sorted by name."""
     train_dir = Path(data_dir) / "pile" / "train"
     if not train_dir.is_dir():
-        if shards := tfds.shards(data_dir, tfds.PILE, "train"):
-            return shards
-        raise UserError(
+        return _tfds_shards(
+            data_dir, tfds.PILE, "train",
             f"{train_dir} does not exist (nor paxml's TFDS build, "
             f"{tfds.builder_dir(data_dir, tfds.PILE)}); download The Pile with "
-            f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
+            f"`{PILE_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it",
         )
     # Both compressed and plain jsonl are accepted so that a user can drop in an
     # already-decompressed shard or a custom corpus with a `text` field.
@@ -58,11 +57,10 @@ def _split_files(data_dir, split: str) -> list[Path]:
     for name in (f"{split}.jsonl.zst", f"{split}.jsonl"):
         if (pile_dir / name).is_file():
             return [pile_dir / name]
-    if shards := tfds.shards(data_dir, tfds.PILE, tfds.PILE_SPLITS[split]):
-        return shards
-    raise UserError(
+    return _tfds_shards(
+        data_dir, tfds.PILE, tfds.PILE_SPLITS[split],
         f"{pile_dir / (split + '.jsonl.zst')} does not exist; download it with "
-        f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`"
+        f"`{PILE_DOWNLOAD.format(data_dir=data_dir)} --splits {split}`",
     )
 
 
@@ -80,13 +78,21 @@ def lambada_files(data_dir) -> list[Path]:
     """The Lambada test set, <data_dir>/lambada/lambada_test.jsonl (or TFDS shards)."""
     path = Path(data_dir) / "lambada" / "lambada_test.jsonl"
     if not path.is_file():
-        if shards := tfds.shards(data_dir, tfds.LAMBADA, "test"):
-            return shards
-        raise UserError(
+        return _tfds_shards(
+            data_dir, tfds.LAMBADA, "test",
             f"{path} does not exist; download it with "
-            f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it"
+            f"`{LAMBADA_DOWNLOAD.format(data_dir=data_dir)}` or point --data_dir at it",
         )
     return [path]
+
+
+def _tfds_shards(data_dir, builder: tuple[str, str, str], split: str, missing: str
+                 ) -> list[Path]:
+    """paxml's TFDS shards of `split`, where the jsonl layout lacks the file(s); none
+    either: UserError(`missing`), which names what is missing and how to download it."""
+    if shards := tfds.shards(data_dir, builder, split):
+        return shards
+    raise UserError(missing)
 
 
 def default_cache_dir(files) -> Path:

@@ -11,7 +11,7 @@ Readers, chosen by the file's name:
                                        ("blank_line")
     *.tfrecord*                        a TFDS shard of paxml's the_pile build (tasks/tfds.py)
 
-Parquet and Arrow need pyarrow, imported on those paths only (`pip install 'paxloom[text]'`);
+Parquet and Arrow need pyarrow, imported on those paths only (the [text] extra);
 Hugging Face `datasets` is never imported: its `save_to_disk` directories are read as the
 Arrow files they are (`expand_files`).
 
@@ -316,8 +316,8 @@ def _pyarrow(path):
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError:
-        raise UserError(f"reading {path} needs pyarrow: pip install 'paxloom[text]' "
-                        "(or pip install pyarrow)") from None
+        raise UserError(f"reading {path} needs pyarrow: pip install pyarrow==26.0.1 (or, in "
+                        f"a Paxloom clone, pip install '.[text]')") from None
     return pyarrow
 
 

@@ -2,10 +2,11 @@
 
 `load_tokenizer(path)` chooses by the file it is given:
 
-- a SentencePiece `.model` -> tasks.vocab.Vocabulary;
-- a Hugging Face `tokenizer.json` (any `*.json` file, or a directory holding
+- a SentencePiece model (Pax's `.model`, or any name: Pax mounts it as /mnt/vocab) ->
+  tasks.vocab.Vocabulary;
+- a Hugging Face tokenizer JSON (a file of any name, or a directory holding
   `tokenizer.json`) -> HFTokenizer, through the `tokenizers` library (an optional
-  dependency: `pip install 'paxloom[text]'`).
+  dependency: the [text] extra, `pip install '.[text]'` in a clone).
 
 Both have the core.data.Tokenizer methods and `path`, `sha256`, `vocab_size`,
 `eos_id`, `pad_id`, and both pickle as their bytes, so prepare's worker processes see
@@ -39,7 +40,8 @@ def _tokenizers(path):
         import tokenizers
     except ImportError:
         raise UserError(f"reading {path} needs the tokenizers package: pip install "
-                        "'paxloom[text]' (or pip install tokenizers)") from None
+                        "tokenizers==0.23.3 (or, in a Paxloom clone, pip install '.[text]')"
+                        ) from None
     return tokenizers
 
 
@@ -132,6 +134,23 @@ def _eos_token(path: Path, vocab: dict[str, int]) -> str:
                     "(e.g. </s> as a special token) to the tokenizer")
 
 
+def _kind_of(path: Path) -> str | None:
+    """"sentencepiece", "json" or None, by the file's first bytes, not its name: Pax's
+    scripts mount the vocabulary as /mnt/vocab. A SentencePiece model is a ModelProto,
+    whose serialized form starts with a length-delimited field (its pieces, then the trainer
+    and normalizer specs: tags 0x0a, 0x12, 0x1a); a tokenizer.json is a JSON object."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if head.lstrip().startswith(b"{"):
+        return "json"
+    if head[:1] in (b"\x0a", b"\x12", b"\x1a"):
+        return "sentencepiece"
+    return None
+
+
 def load_tokenizer(path) -> Vocabulary | HFTokenizer:
     """Load the tokenizer at `path` (see the module docstring); UserError when it cannot be."""
     hint = f"set VOCAB_PATH / --vocab_path to {_KINDS}"
@@ -142,12 +161,13 @@ def load_tokenizer(path) -> Vocabulary | HFTokenizer:
         if not (path / "tokenizer.json").is_file():
             raise UserError(f"tokenizer directory {path} holds no tokenizer.json; {hint}")
         path = path / "tokenizer.json"
-    if path.suffix == ".model":
-        return load_vocabulary(path)
-    if path.suffix != ".json":
-        raise UserError(f"tokenizer {path} is not {_KINDS}; {hint}")
     if not path.is_file():
         raise UserError(f"tokenizer {path} does not exist; {hint}")
+    kind = _kind_of(path)
+    if kind == "sentencepiece":
+        return load_vocabulary(path)
+    if kind != "json":
+        raise UserError(f"tokenizer {path} is not {_KINDS}; {hint}")
     _tokenizers(path)
     try:
         data = path.read_bytes()

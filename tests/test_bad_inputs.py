@@ -16,7 +16,7 @@ import pytest
 from core.errors import UserError
 from launch import job
 from runner.state import checkpoints
-from tests.support.processes import assert_one_line, run_main
+from tests.support.processes import assert_one_line, run_main, session_env
 from tests.support.tiny import tiny_flags
 from tests.test_checkpoints import JOB, run_job
 
@@ -170,3 +170,11 @@ def test_missing_config_file_is_one_line(tmp_path):
     out = run_main("--fdl_config_file=/no/such/fiddle_graph.json",
                    f"--job_log_dir={tmp_path / 'job'}")
     assert_one_line(out, "--fdl_config_file=/no/such/fiddle_graph.json: No such file")
+
+
+def test_zero_host_devices_is_one_line(tmp_path):
+    out = run_main("--fdl_config=experiments.Tiny", f"--job_log_dir={tmp_path / 'job'}",
+                   env=session_env(XLA_FLAGS="--xla_force_host_platform_device_count=0"))
+    assert_one_line(out, "XLA_FLAGS has --xla_force_host_platform_device_count=0: the number "
+                         "of CPU devices must be at least 1")
+    assert not (tmp_path / "job").exists()

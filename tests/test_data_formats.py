@@ -5,6 +5,7 @@ import json
 import logging
 import pickle
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -291,6 +292,22 @@ def test_hf_tokenizer_eos_choice(tmp_path):
         load_tokenizer(no_eos)
     assert _one_line(e).startswith(f"tokenizer {no_eos} has no EOS token (none of </s>, ")
     assert "add an EOS token" in str(e.value)
+
+
+def test_a_tokenizer_is_recognised_by_its_content_whatever_its_name(tmp_path, sp_vocab,
+                                                                    hf_path):
+    """Pax's scripts mount the SentencePiece model as /mnt/vocab, with no suffix."""
+    vocab = tmp_path / "vocab"
+    vocab.write_bytes(Path(sp_vocab.path).read_bytes())
+    loaded = load_tokenizer(vocab)
+    assert isinstance(loaded, Vocabulary)
+    assert loaded.encode("the data layer") == sp_vocab.encode("the data layer")
+    tok = tmp_path / "tok"
+    tok.write_bytes(Path(hf_path).read_bytes())
+    assert isinstance(load_tokenizer(tok), HFTokenizer)
+    misnamed = tmp_path / "spm.json"  # a name says nothing: a SentencePiece model
+    misnamed.write_bytes(Path(sp_vocab.path).read_bytes())
+    assert isinstance(load_tokenizer(misnamed), Vocabulary)
 
 
 def test_load_tokenizer_kinds_and_errors(tmp_path, sp_vocab, monkeypatch):

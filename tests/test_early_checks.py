@@ -146,3 +146,23 @@ def test_trained_run_decodes_with_its_recorded_settings(tmp_path, vocab, other_v
     assert "is not the vocabulary this run trained with" in line, line
     out = run_main("--mode=eval", f"--job_log_dir={run_dir}")  # eval too, flags not repeated
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_resume_with_another_vocabulary_is_refused_before_anything_is_written(
+        tmp_path, vocab, other_vocab):
+    from tests.support.files import tree_digest
+
+    data = make_pile_dir(tmp_path / "data", num_train_files=1, docs_per_file=40)
+    run_dir = tmp_path / "run"
+    train = [*PILE_TINY, "--fdl.MAX_STEPS=2", "--fdl.VOCAB_SIZE=320", f"--data_dir={data}",
+             f"--job_log_dir={run_dir}"]
+    out = run_main(*train, f"--vocab_path={vocab}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = tree_digest(run_dir)
+    out = run_main(*train, "--fdl.MAX_STEPS=4", f"--vocab_path={other_vocab}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = error_lines(out)
+    assert f"--vocab_path={other_vocab}" in line and os.path.abspath(vocab) in line, line
+    assert "is not the vocabulary this run trained with" in line, line
+    assert tree_digest(run_dir) == before

@@ -21,6 +21,15 @@ def test_builtin_experiments_are_registered():
     assert experiments.resolve("experiments.GPT5B") is names["GPT5B"]
 
 
+def test_no_two_experiment_names_differ_only_in_case():
+    """Pax's LLaMA7B and Paxloom's Llama-2-shaped Llama2_7B: a name typed with the other's
+    case must not silently run the other experiment."""
+    lowered = {}
+    for name in experiments.registered():
+        assert name.lower() not in lowered, (name, lowered.get(name.lower()))
+        lowered[name.lower()] = name
+
+
 # Literals from paxml's paxml/contrib/gpu/scripts_gpu/configs.py (GPT126M, GPT5B, GPT175B)
 # and what those classes inherit from paxml's TransformerLmSpmdAdam/Adafactor.
 REFERENCE = {

@@ -3,6 +3,7 @@ they inherit, c4.TransformerLmSpmdAdam over model_params.TransformerLmSpmdAdafac
 declared, honoured as Pax does, or refused in one line."""
 
 import math
+import re
 
 import jax
 import pytest
@@ -158,8 +159,13 @@ def test_a_llama_refuses_the_gpt_architecture_names():
     llama()  # its defaults are fine
 
 
-def test_paxs_typo_r_cos_min_ratio_is_refused_with_a_note():
-    with pytest.raises(UserError, match="sets R_COS_MIN_RATIO: a typo in paxml's GPU configs.*"
-                                        "set LR_COS_MIN_RATIO") as info:
-        type("Ported", (BaseExperiment,), {"R_COS_MIN_RATIO": 0.1})
-    assert "\n" not in str(info.value)
+def test_paxs_typo_r_cos_min_ratio_is_accepted_with_a_note(capsys):
+    """paxml's GPT126MBase sets R_COS_MIN_RATIO = 0.1, which Pax never reads: a class copied
+    from it runs, with a one-line note, and its minimum ratio stays LR_COS_MIN_RATIO's."""
+    ported = type("Ported", (BaseExperiment,), {"R_COS_MIN_RATIO": 0.5, "LR_COS_MIN_RATIO": 0.2})
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and re.match(r"note: .*Ported sets R_COS_MIN_RATIO: a typo in "
+                                       r"paxml's GPU configs .*set LR_COS_MIN_RATIO", note[0])
+    exp = ported(**TINY)
+    assert "R_COS_MIN_RATIO" not in exp.hyperparameters()
+    assert exp.run_config().learning_rate.min_ratio == 0.2

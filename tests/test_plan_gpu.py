@@ -49,7 +49,7 @@ MEASURED_ON_H100 = [
 @needs_plugin
 @pytest.mark.parametrize("flags,measured_gib", MEASURED_ON_H100)
 def test_xla_gpu_plan_is_within_20_percent_of_the_h100s_peak(flags, measured_gib):
-    # XLA:CPU plans them at 2.0x to 2.7x the measured figure (README).
+    # XLA:CPU plans them at 2.0x to 2.7x the measured figure (docs/guides/planning.md).
     # LOSS_CHUNK_LEN=0: the one-pass loss, the program that ran on the H100 then.
     planned, text = plan_peak_gib(*flags, "--fdl.ICI_MESH_SHAPE=[1,1,1]",
                                   "--fdl.LOSS_CHUNK_LEN=0", "--plan_device=h100")

@@ -42,6 +42,15 @@ def circular_dcn():
     return planned(**CIRCULAR_DCN)
 
 
+def report_with_stage_sends(p, links: str) -> str:
+    """The plan's report, once it is checked that the stages send each other bytes (the
+    activations forward, their gradients back) over `links` only."""
+    sends = p.stage_transfers
+    assert sends and sum(t.sent_bytes for t in sends) > 0
+    assert {t.links for t in sends} == {links}
+    return "\n".join(planning.report_lines(p))
+
+
 def test_gpipe_plan_reports_its_bubble_and_stage_sends_over_nvlink(gpipe_ici):
     p = gpipe_ici
     assert p.mesh_shape == {"stage": 2, "replica": 1, "data": 2, "mdl": 2}
@@ -49,11 +58,7 @@ def test_gpipe_plan_reports_its_bubble_and_stage_sends_over_nvlink(gpipe_ici):
     assert (p.global_batch, p.accumulation_steps, p.sub_batch) == (16, 2, 8)
     s, m = 2, 4
     assert p.bubble == pytest.approx((s - 1) / (m + s - 1))
-    # Activations forward and their gradients back, stage 0 <-> stage 1 within the node.
-    sends = p.stage_transfers
-    assert sends and sum(t.sent_bytes for t in sends) > 0
-    assert {t.links for t in sends} == {"ICI"}
-    text = "\n".join(planning.report_lines(p))
+    text = report_with_stage_sends(p, "ICI")  # stage 0 <-> stage 1 within the node
     assert "GRADIENT_ACCUMULATION_STEPS=2: 2 sub-batches of 8 sequences" in text
     assert "Pipeline: 2 stages, schedule GPipe (1 layer per stage)" in text
     assert "4 microbatches of 2 sequences per sub-batch (2 sub-batches per step)" in text
@@ -66,10 +71,7 @@ def test_circular_plan_across_nodes_sends_over_the_network(circular_dcn):
     assert p.pipeline == spec.PipelineSpec(num_stages=2, num_microbatches=4, circular_repeat=2)
     s, m, r = 2, 4, 2
     assert p.bubble == pytest.approx((s - 1) / (r * m + s - 1))
-    sends = p.stage_transfers
-    assert sends and sum(t.sent_bytes for t in sends) > 0
-    assert {t.links for t in sends} == {"DCN"}
-    text = "\n".join(planning.report_lines(p))
+    text = report_with_stage_sends(p, "DCN")
     assert "schedule circular (CIRCULAR_REPEAT=2: each stage holds 2 blocks of 1 layer" in text
     assert "bubble (S-1)/(R*M+S-1) = 1/(2*4+1) = 11.1%" in text
 

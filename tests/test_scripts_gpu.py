@@ -224,6 +224,16 @@ def test_slurm_sub(inputs, tmp_path):
     ]
     assert (ws / "outputs").is_dir()
 
+    # A bare BASE_SCRIPT is the user's own launcher in BASE_WORKSPACE_DIR, as the Pax GPU
+    # README has it (run_my_model_multinode.sh), before Paxloom's scripts_gpu/.
+    (ws / "run_my_model_multinode.sh").write_text("echo mine\n")
+    res = run(["bash", sub], env={**env, "BASE_SCRIPT": "run_my_model_multinode.sh"})
+    assert res.returncode == 0, res.stderr
+    srun_args = srun_log.read_text().splitlines()
+    assert srun_args[srun_args.index("bash") + 1] == str(ws / "run_my_model_multinode.sh")
+    res = run(["bash", sub], env={**env, "BASE_SCRIPT": "no_such_launcher.sh"})
+    assert res.returncode != 0 and "looked up in BASE_WORKSPACE_DIR" in res.stderr
+
 
 def test_recommended_xla_flags_are_known_to_this_xla():
     """XLA aborts on an unknown flag; common.sh's flags must parse with the installed jaxlib."""

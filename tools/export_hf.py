@@ -30,7 +30,6 @@ transformers.
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from layers.architecture import canonical_weights
 from runner.inference import model as inference
 from runner.state import hf_format
 from tasks.vocab import Vocabulary
+from tools import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("job_log_dir", None, "The training run's directory (hyperparameters.json, "
@@ -154,10 +154,7 @@ def _experiment(job_log_dir: str):
 
 
 def main(argv: list[str]) -> None:
-    try:
-        FLAGS(argv)
-    except flags.Error as error:
-        raise UserError(str(error)) from None
+    cli.parse_flags(argv)
     for name in ("job_log_dir", "output"):
         if not FLAGS[name].value:
             raise UserError(f"--{name} is required (python -m tools.export_hf "
@@ -167,8 +164,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)

@@ -19,7 +19,6 @@ are checked by building the experiment and comparing its model with the config.
 """
 
 import os
-import sys
 
 from absl import flags
 
@@ -27,6 +26,7 @@ import experiments
 from core.errors import UserError
 from layers import architecture
 from runner.state import hf_format
+from tools import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json and "
@@ -62,18 +62,11 @@ def run_flags(hf_dir: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    try:
-        FLAGS(argv)
-    except flags.Error as error:
-        raise UserError(str(error)) from None
+    cli.parse_flags(argv)
     if not FLAGS.hf_dir:
         raise UserError("--hf_dir is required (python -m tools.import_hf --hf_dir=DIR)")
     print("\n".join(run_flags(FLAGS.hf_dir)))
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)

@@ -1,9 +1,9 @@
 """JAX's persistent compilation cache, on by default: a restart loads its compiled programs.
 
-Every start compiles the train step again: 30-37 s for a 126M GPT on an H100, 69 s for
-1.3B, a quarter of a 300-step run. JAX can keep each compiled program in a directory, keyed
+Every start compiles the train step again: tens of seconds on a GPU for a small GPT, a
+large share of a short run (docs/performance.md has the figures). JAX can keep each compiled program in a directory, keyed
 by the program, the devices, the compile options, XLA_FLAGS and the jax/jaxlib versions, and
-load it on the next start instead (the 126M train step: 1.1 s). MaxText turns this on by
+load it on the next start instead, in about a second. MaxText turns this on by
 default; main.py does too, for --mode=train, eval and decode:
 
     --jax_compilation_cache_dir=DIR    (alias --compilation_cache_dir) this directory

@@ -8,6 +8,8 @@ are; any other unknown flag still reaches XLA and fails there, as it should.
 
 import os
 
+from core.errors import UserError
+
 # Flag name -> what replaced it. Sources: openxla/xla#11422 (April 2024) deleted the
 # async-collective switches (async collectives are the default); command buffers
 # replaced CUDA graph levels; the others were removed when their passes became
@@ -36,3 +38,18 @@ def drop_retired(environ=os.environ) -> list[str]:
 def note(dropped: list[str]) -> str:
     names = ", ".join(f"{f.partition('=')[0]} ({RETIRED[f.partition('=')[0]]})" for f in dropped)
     return f"note: ignoring XLA_FLAGS that this XLA no longer has: {names}"
+
+
+def check_host_device_count(environ=os.environ) -> None:
+    """--xla_force_host_platform_device_count below 1 makes jax fail to start its CPU
+    backend with a traceback: a one-line UserError names it first."""
+    for flag in environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name == "--xla_force_host_platform_device_count":
+            try:
+                count = int(value)
+            except ValueError:
+                count = 0
+            if count < 1:
+                raise UserError(f"XLA_FLAGS has {flag}: the number of CPU devices must be at "
+                                f"least 1, e.g. --xla_force_host_platform_device_count=8")

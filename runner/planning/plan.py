@@ -11,7 +11,7 @@ run does not fit the chosen GPU, it re-plans the cheapest single changes that mi
 Two compilers can plan. XLA:GPU (`--plan_compiler=gpu`, the default where `make install`
 put the CUDA plugin) compiles the step for the planned GPU without one
 (runner/planning/gpu_target.py): its memory is the GPU's buffer assignment, 0.99 to 1.17
-times what an H100 measured for the README's four configurations. XLA:CPU (`cpu`) compiles it for
+times what an H100 measured for four configurations (docs/guides/planning.md). XLA:CPU (`cpu`) compiles it for
 as many fake CPU devices: the same partitioning, but XLA:CPU's memory (float32 copies of
 bfloat16 arrays a GPU does not make: up to 2.7x the GPU's figure). Each plan says which
 compiler it used and prints that compiler's caveats.
@@ -74,8 +74,8 @@ GPU_CAVEATS = """\
   a GPU: XLA's own fusions, buffer assignment and collectives, but no autotuning (default
   GEMM and fusion configurations), and cuDNN or Pallas attention traced as a plain-JAX
   flash kernel that keeps what they keep (no [T, T] scores). Against four runs measured
-  on an H100 (jax 0.11.2), the plan was 0.99 to 1.17 times the real peak (README, "Plan
-  before you launch"); the cuDNN runs planned high.
+  on an H100 (jax 0.11.2), the plan was 0.99 to 1.17 times the real peak (docs/guides/planning.md,
+  "Checked against an H100"); the cuDNN runs planned high.
 - Not in the figure: what the runtime holds outside the program (the CUDA context, cuBLAS
   and cuDNN workspaces, NCCL's buffers: typically under 1-2 GiB, inside the 15% JAX leaves
   unused at XLA_PYTHON_CLIENT_MEM_FRACTION=0.85).

@@ -241,7 +241,7 @@ _DESCRIBE_MAIN = """
 import json, sys
 sys.argv = ["main.py"]
 from absl import app, flags
-import main  # noqa: F401  (defines the flags)
+import launch.flags  # noqa: F401  (main.py's flags)
 import experiments
 from experiments.base import BaseExperiment
 app.define_help_flags()
