@@ -84,11 +84,17 @@ def main(argv: list[str]) -> int:
 
 
 def list_experiments() -> int:
+    """The registered experiments, or with --fdl_config=MODULE those of a user's module."""
     import experiments
 
-    for name, cls in experiments.registered().items():
+    found = (experiments.registry.experiments_in(FLAGS.fdl_config) if FLAGS.fdl_config else
+             {f"experiments.{name}": cls for name, cls in experiments.registered().items()})
+    if not found:
+        raise UserError(f"--fdl_config={FLAGS.fdl_config} defines no experiment (a subclass "
+                        f"of experiments.base.BaseExperiment)")
+    for name, cls in found.items():
         summary = (cls.__doc__ or "").strip().splitlines()[0:1]
-        print(f"experiments.{name:<16} {summary[0] if summary else ''}")
+        print(f"{name:<28} {summary[0] if summary else ''}")
     return 0
 
 

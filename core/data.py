@@ -59,6 +59,10 @@ class DataSettings:
     eval_batches: int  # EVAL_BATCHES; 0: no held-out evaluation
     lambada_eval: bool = False  # LAMBADA_EVAL: add Lambada (text datasets only)
     lambada_max_examples: int = 0  # LAMBADA_MAX_EXAMPLES; 0: all
+    # VALIDATION_FILES / VALIDATION_FRACTION: held-out data, for datasets that take it
+    # (their `takes_validation`); a dataset's own setting wins.
+    validation_files: str | None = None
+    validation_fraction: float = 0.0
     data_dir: str | None = None  # --data_dir, --tfds_data_dir or $TFDS_DATA_DIR
     vocab_path: str | None = None  # --vocab_path or $VOCAB_PATH
     cache_dir: str | None = None  # --cache_dir: tokenized data

@@ -135,7 +135,9 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
             seq_len=self.MAX_SEQ_LEN, vocab_size=self.VOCAB_SIZE,
             seed=self.TRAIN_INPUT_RANDOM_SEED, packed=self.PACKED_INPUT,
             eval_batches=self.EVAL_BATCHES, lambada_eval=self.LAMBADA_EVAL,
-            lambada_max_examples=self.LAMBADA_MAX_EXAMPLES, data_dir=data_dir,
+            lambada_max_examples=self.LAMBADA_MAX_EXAMPLES,
+            validation_files=self.VALIDATION_FILES,
+            validation_fraction=self.VALIDATION_FRACTION, data_dir=data_dir,
             vocab_path=vocab_path, cache_dir=cache_dir)
 
     def train_dataset(self, settings: "data.DataSettings"):

@@ -291,6 +291,23 @@ class Data(Group):
     LAMBADA_EVAL: bool = False  # evaluate on Lambada at every eval interval
     EVAL_BATCHES: int = 4  # Pile validation batches per evaluation
     LAMBADA_MAX_EXAMPLES: int = 0  # 0 = the whole Lambada set
+    # Held-out validation without code, for a dataset that takes it (DATASET="text"): files
+    # (a path, glob or directory) or a share of the training documents. Pile validation runs
+    # EVAL_BATCHES batches of it every EVAL_INTERVAL_STEPS.
+    VALIDATION_FILES: str | None = None
+    VALIDATION_FRACTION: float = 0.0
+
+    def _check(self) -> None:
+        if not 0.0 <= self.VALIDATION_FRACTION < 1.0:
+            raise UserError(f"VALIDATION_FRACTION={self.VALIDATION_FRACTION} must be in "
+                            f"[0, 1), e.g. 0.01")
+        if self.VALIDATION_FILES and self.VALIDATION_FRACTION:
+            raise UserError("VALIDATION_FILES and VALIDATION_FRACTION: set one of them")
+        if ((self.VALIDATION_FILES or self.VALIDATION_FRACTION)
+                and not getattr(self.dataset(), "takes_validation", False)):
+            raise UserError(f"VALIDATION_FILES / VALIDATION_FRACTION: DATASET="
+                            f"{self.DATASET!r} has its own validation set; they are for "
+                            f"DATASET='text' (your own files)")
 
 
 

@@ -40,17 +40,7 @@ def resolve(fdl_config: str) -> type:
                             f"{near_matches(class_name, _REGISTRY)}; "
                             f"`python main.py --list_experiments` lists them")
         return _REGISTRY[class_name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise UserError(f"--fdl_config={fdl_config}: cannot import {module_name} ({error}); "
-                        f"is it on PYTHONPATH?") from None
-    except UserError:
-        raise
-    except Exception as error:  # the user's module itself is broken: say where, in one line
-        detail = " ".join(str(error).split())
-        raise UserError(f"--fdl_config={fdl_config}: importing {module_name} failed: "
-                        f"{type(error).__name__}: {detail}") from None
+    module = _import(module_name, fdl_config)
     cls = getattr(module, class_name, None)
     if cls is None:
         names = [n for n, v in vars(module).items() if isinstance(v, type)]
@@ -60,3 +50,29 @@ def resolve(fdl_config: str) -> type:
         raise UserError(f"--fdl_config={fdl_config} is not a subclass of "
                         f"experiments.base.BaseExperiment")
     return cls
+
+
+def experiments_in(module_name: str) -> dict[str, type]:
+    """The experiment classes a user's module defines, by the name --fdl_config takes
+    (`--list_experiments --fdl_config=my_exps`)."""
+    from experiments.base import BaseExperiment
+
+    module = _import(module_name, module_name)
+    return {f"{module_name}.{name}": value for name, value in sorted(vars(module).items())
+            if isinstance(value, type) and issubclass(value, BaseExperiment)
+            and value.__module__ == module.__name__}
+
+
+def _import(module_name: str, fdl_config: str):
+    """The user's module, or one line saying why it cannot be imported."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise UserError(f"--fdl_config={fdl_config}: cannot import {module_name} ({error}); "
+                        f"is it on PYTHONPATH?") from None
+    except UserError:
+        raise
+    except Exception as error:  # the user's module itself is broken: say where, in one line
+        detail = " ".join(str(error).split())
+        raise UserError(f"--fdl_config={fdl_config}: importing {module_name} failed: "
+                        f"{type(error).__name__}: {detail}") from None

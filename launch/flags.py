@@ -32,7 +32,8 @@ flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan:
 flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
 flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
                    "instead of the table's.")
-flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit.")
+flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit; "
+                  "with --fdl_config=MODULE, the experiments that module defines.")
 flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
                   "graph, then exit.")
 flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "

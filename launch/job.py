@@ -70,6 +70,8 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
         return _evaluate(exp, config, run_spec, mesh, source, options)
     if run_spec.make_train_input is None:
         raise UserError(f"{run_spec.name} is evaluation-only; run it with --mode=eval")
+    if run_spec.loop.eval_interval_steps and not run_spec.evals:
+        log(_nothing_to_evaluate(exp, run_spec.loop.eval_interval_steps))
     with contextlib.ExitStack() as stack:
         # The callbacks the run has, decided once, in the order the loop calls them.
         callbacks = [ConsoleSummaries(), TensorBoard(job_log_dir, exp.hyperparameters())]
@@ -118,6 +120,15 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
             preemption.PreemptionWatcher(options.preemption_signal)))
         callbacks += exp.callbacks()  # the experiment's own, last: they see every save
         return trainer.train(state, input_state, callbacks)
+
+
+def _nothing_to_evaluate(exp, interval: int) -> str:
+    """The note for a run whose evaluation interval has no evaluation to run."""
+    held_out = ("--fdl.VALIDATION_FRACTION=0.01 (or --fdl.VALIDATION_FILES=...), "
+                if getattr(exp.dataset(), "takes_validation", False) else "")
+    return (f"note: EVAL_INTERVAL_STEPS={interval}, but {type(exp).__name__} has nothing to "
+            f"evaluate (no validation set, no Lambada): training only; for evaluations set "
+            f"{held_out}--fdl.LAMBADA_EVAL=True with Lambada under --data_dir")
 
 
 def _evaluate(exp, config, run_spec, mesh, source, options: RunOptions):

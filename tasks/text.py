@@ -81,12 +81,21 @@ class TextFiles:
                             "both")
         TextFormat(self.text_field, self.txt_documents)  # checks both now, in one line
 
-    def _format(self, keep: str):
+    # VALIDATION_FILES and VALIDATION_FRACTION (core.data.DataSettings) apply here.
+    takes_validation = True
+
+    def _validation(self, settings: DataSettings) -> tuple[str | tuple[str, ...], float]:
+        """(validation files, held-out fraction): this dataset's own, else the settings'."""
+        if self.validation or self.validation_fraction:
+            return self.validation, self.validation_fraction
+        return settings.validation_files or "", settings.validation_fraction
+
+    def _format(self, keep: str, fraction: float):
         """The format's graph node: the training or held-out documents."""
-        if not self.validation_fraction:
+        if not fraction:
             return fdl.Config(TextFormat, self.text_field, self.txt_documents)
         return fdl.Config(HeldOutFormat, self.text_field, self.txt_documents,
-                          validation_fraction=self.validation_fraction, keep=keep)
+                          validation_fraction=fraction, keep=keep)
 
     @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
     def _nodes(self, settings: DataSettings):
@@ -100,20 +109,22 @@ class TextFiles:
         files, tokenizer = self._nodes(settings)
         return fdl.Partial(text_train_input, files=files, vocab=tokenizer,
                            seq_len=settings.seq_len, seed=settings.seed, packed=settings.packed,
-                           cache_dir=settings.cache_dir, text_format=self._format("train"))
+                           cache_dir=settings.cache_dir,
+                           text_format=self._format("train", self._validation(settings)[1]))
 
     def evaluations(self, settings: DataSettings):
         files, tokenizer = self._nodes(settings)
+        validation, fraction = self._validation(settings)
         evals = []
-        if settings.eval_batches and (self.validation or self.validation_fraction):
-            if self.validation:
-                files = fdl.Config(expand_files, self.validation)
+        if settings.eval_batches and (validation or fraction):
+            if validation:
+                files = fdl.Config(expand_files, validation)
             evals.append(fdl.Config(
                 evaluations.TokenLossEval, name="validation",
                 make_input=fdl.Partial(text_eval_input, files=files, vocab=tokenizer,
                                        seq_len=settings.seq_len,
                                        num_batches=settings.eval_batches,
-                                       text_format=self._format("validation"))))
+                                       text_format=self._format("validation", fraction))))
         if settings.lambada_eval:
             data_dir = self.lambada_dir or fdl.Config(required_data_dir, settings.data_dir)
             evals.append(lambada_evaluation(settings, data_dir, tokenizer,

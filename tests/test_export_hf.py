@@ -2,6 +2,7 @@
 and computes praxis's logits; its tokenizer (a converted SentencePiece model, or the run's
 own tokenizer.json) encodes as training did; what a target cannot express is refused."""
 
+import json
 import os
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tasks import datasets
 from tasks.text import TextFiles
 from tasks.tokenizer import HFTokenizer, load_tokenizer
 from tasks.vocab import load_vocabulary
-from tests.support.data import write_corpus
+from tests.support.data import tiny_vocab_path, write_corpus
 from tests.support.inference import praxis_logits, save_job
 from tests.support.processes import run_python, session_env
 from tests.support.tiny import TINY
@@ -113,6 +114,20 @@ def test_a_run_with_a_tokenizer_json_exports_that_tokenizer(tmp_path):
     with torch.no_grad():
         got = model(torch.tensor(sequences[:1])).logits[0].numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_export_reads_the_vocabulary_the_run_recorded(tmp_path, tmp_path_factory):
+    """A run trained with --vocab_path records it (hyperparameters.json's data_locations);
+    export without --vocab_path writes that vocabulary, as decode reads it."""
+    vocab = tiny_vocab_path(tmp_path_factory)
+    exp = experiments.BaseExperiment(**TINY)  # synthetic data: no tokenizer of its own
+    save_job(tmp_path / "run", exp)
+    run = tmp_path / "run" / "hyperparameters.json"
+    recorded = json.loads(run.read_text())
+    run.write_text(json.dumps({**recorded, "data_locations": {"vocab_path": str(vocab)}}))
+    out = export_hf.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert "tokenizer.model" in os.listdir(out)
+    assert (out / "tokenizer.model").read_bytes() == Path(vocab).read_bytes()
 
 
 def test_what_gpt2_cannot_express_is_refused(tmp_path):

@@ -1,10 +1,12 @@
 """main.py end to end in subprocesses: the command line a user types."""
 
 import json
+import os
 
 import pytest
 
-from tests.support.processes import run_main, session_env
+from tests.support.paths import REPO_ROOT
+from tests.support.processes import assert_one_line, run_main, session_env
 from tests.support.tiny import model_flags
 
 # The tiny model's shapes with 16-wide heads, in the experiment's own dtype, data and schedule.
@@ -33,6 +35,18 @@ def test_user_errors_exit_2_with_one_line(args, message):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_list_experiments_of_a_users_module(tmp_path):
+    (tmp_path / "my_exps.py").write_text(
+        "from experiments.gpt import GPT126M\n\n\n"
+        "class GPT350M(GPT126M):\n    \"\"\"GPT-3 Medium.\"\"\"\n\n    NUM_LAYERS = 24\n")
+    env = session_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}")
+    listed = run_main("--list_experiments", "--fdl_config=my_exps", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == ["my_exps.GPT350M", "GPT-3", "Medium."]
+    assert_one_line(run_main("--list_experiments", "--fdl_config=no_such_exps", env=env),
+                    "--fdl_config=no_such_exps: cannot import no_such_exps")
 
 
 def test_list_experiments_and_print_config():

@@ -22,6 +22,9 @@ def test_wrong_product_names_count_and_suggests_a_shape():
     message = str(info.value)
     assert "covers 3 devices, but this job has 8" in message
     assert "--fdl.ICI_MESH_SHAPE=[8,1,1]" in message
+    # The user's own three-entry shape, and on CPU the flag that gives more devices.
+    assert message.startswith("ICI_MESH_SHAPE=[3, 1, 1] x DCN_MESH_SHAPE=[1, 1, 1] covers")
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=3" in message
 
 
 def test_dcn_must_match_process_count():

@@ -112,6 +112,32 @@ def test_text_files_take_the_command_lines_data_dir_and_tokenizer(tmp_path, toke
     assert run.tokenizer.path == tokenizers["tokenizer.json"]
 
 
+@pytest.mark.parametrize("how", ["fraction", "files"])
+def test_a_validation_split_of_text_from_the_command_line(tmp_path, tokenizers, how):
+    """DATASET="text" validates, without code, on a held-out share of the training documents
+    (VALIDATION_FRACTION) or on files of its own (VALIDATION_FILES): disjoint from training."""
+    write_corpus(tmp_path / "corpus", "jsonl", DOCS)
+    write_corpus(tmp_path / "held_out", "jsonl", make_docs(40, seed=8))
+    split = ({"VALIDATION_FRACTION": 0.2} if how == "fraction" else
+             {"VALIDATION_FILES": str(tmp_path / "held_out")})
+    exp = experiments.BaseExperiment(**{**TINY, "DATASET": "text", "EVAL_BATCHES": 1, **split})
+    run = pax_fiddle.build(exp.run_config(data_dir=str(tmp_path / "corpus"),
+                                          vocab_path=str(tokenizers["tokenizer.json"]),
+                                          cache_dir=str(tmp_path / "cache")))
+    (validation,) = run.evals
+    assert validation.name == "validation"
+    held = [b["ids"] for b in validation.make_input(global_batch_size=8, process_rows=(0, 8))]
+    trained = run.make_train_input(global_batch_size=8, process_rows=(0, 8)).next_batch()["ids"]
+    assert held and not {tuple(r) for r in trained} & {tuple(r) for b in held for r in b}
+    plain = experiments.BaseExperiment(**{**TINY, "DATASET": "text", "EVAL_BATCHES": 1})
+    assert pax_fiddle.build(plain.run_config(data_dir=str(tmp_path / "corpus"),
+                                             vocab_path=str(tokenizers["tokenizer.json"]),
+                                             cache_dir=str(tmp_path / "cache"))).evals == []
+    with pytest.raises(UserError, match="VALIDATION_FILES / VALIDATION_FRACTION: "
+                                        "DATASET='synthetic' has its own validation set"):
+        experiments.BaseExperiment(**{**TINY, **split})
+
+
 def test_bad_text_files_settings_are_one_line():
     with pytest.raises(UserError, match=r"validation_fraction=1.5\) must be in \[0, 1\)"):
         TextFiles(validation_fraction=1.5)

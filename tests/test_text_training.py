@@ -95,3 +95,18 @@ def test_missing_data_dir_is_named(tmp_path, learnable_data):
     _, vocab = learnable_data
     with pytest.raises(Exception, match=r"needs --data_dir"):
         _trainer(tmp_path, None, vocab)
+
+
+def test_an_evaluation_interval_with_nothing_to_evaluate_says_so(tmp_path, learnable_data):
+    """DATASET="text" on The Pile's training shards alone: no validation set was given, so
+    EVAL_INTERVAL_STEPS has nothing to run, and the run says so before training."""
+    data_dir, vocab = learnable_data
+    out = run_main("--fdl_config=experiments.Tiny", f"--data_dir={data_dir / 'pile' / 'train'}",
+                   f"--vocab_path={vocab}", f"--job_log_dir={tmp_path / 'job'}",
+                   *tiny_flags(**{**SHORT_PILE_RUN, "DATASET": "text", "LAMBADA_EVAL": False,
+                                  "MAX_STEPS": 2, "EVAL_INTERVAL_STEPS": 2}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("note: EVAL_INTERVAL_STEPS=2, but Tiny has nothing to evaluate (no validation set, "
+            "no Lambada): training only; for evaluations set --fdl.VALIDATION_FRACTION=0.01"
+            ) in out.stdout
+    assert out.stdout.index("note: EVAL_INTERVAL_STEPS") < out.stdout.index("step      2")

@@ -5,6 +5,7 @@ import sys
 
 from absl import app, flags
 
+from core import errors
 from core.errors import UserError
 
 app.define_help_flags()  # --help, -?, --helpshort, --helpfull; idempotent
@@ -25,5 +26,5 @@ def run(main) -> None:
     try:
         main(sys.argv)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {errors.message(error)}", file=sys.stderr)
         sys.exit(2)

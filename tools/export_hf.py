@@ -40,6 +40,7 @@ from safetensors.numpy import save_file
 
 import experiments
 from core.errors import UserError
+from launch import record
 from layers.architecture import canonical_weights
 from runner.inference import model as inference
 from runner.state import hf_format
@@ -51,15 +52,17 @@ flags.DEFINE_string("job_log_dir", None, "The training run's directory (hyperpar
                     "checkpoints/).")
 flags.DEFINE_integer("step", None, "Checkpoint step to export; default: the latest.")
 flags.DEFINE_string("output", None, "Directory to write (must not exist, or be empty).")
-flags.DEFINE_string("vocab_path", None, "SentencePiece model the run was trained with; "
-                    "default: $VOCAB_PATH, or the experiment's own (the sample corpus's).")
+flags.DEFINE_string("vocab_path", None, "The tokenizer the run was trained with; default: "
+                    "$VOCAB_PATH, else the one the run recorded (hyperparameters.json), else "
+                    "the experiment's own (the sample corpus's).")
 
 
 def export(job_log_dir: str, output: str, step: int | None = None,
            vocab_path: str | None = None) -> Path:
-    """Write the Hugging Face directory `output` from job_log_dir's checkpoint; return it."""
-    exp = _experiment(job_log_dir)
-    config = exp.run_config(vocab_path=vocab_path)  # the experiment stops here
+    """Write the Hugging Face directory `output` from job_log_dir's checkpoint; return it.
+    Without `vocab_path`, the vocabulary the run recorded it trained with."""
+    exp, recorded_vocab_path = _experiment(job_log_dir)
+    config = exp.run_config(vocab_path=vocab_path or recorded_vocab_path)  # exp stops here
     arch = inference.run_architecture(config, "export")
     target = hf_format.target(arch)
     hf_format.check_representable(arch, target)  # before the (slow) read of the weights
@@ -137,20 +140,18 @@ def _host_device():
 
 
 def _experiment(job_log_dir: str):
-    """The run's experiment, from its hyperparameters.json, on one device: the weights are
-    read onto the host whatever mesh wrote them."""
+    """(the run's experiment on one device, the vocabulary path it recorded), from its
+    hyperparameters.json: the weights are read onto the host whatever mesh wrote them."""
     path = os.path.join(job_log_dir, "hyperparameters.json")
-    try:
-        with open(path) as f:
-            record = json.load(f)
-        name, hyperparameters = record["experiment"], record["hyperparameters"]
-    except FileNotFoundError:
+    if not os.path.isfile(path):
         raise UserError(f"--job_log_dir={job_log_dir} has no hyperparameters.json: not a "
-                        f"training run's directory") from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{path} is not a run record ({type(error).__name__}: {error})") from None
+                        f"training run's directory")
+    run = record.read_record(path)
+    if run is None:
+        raise UserError(f"{path} is not a run record (its experiment and hyperparameters)")
     one_device = {"ICI_MESH_SHAPE": [1, 1, 1], "DCN_MESH_SHAPE": [1, 1, 1]}
-    return experiments.resolve(name)(**{**hyperparameters, **one_device})
+    exp = experiments.resolve(run["experiment"])(**{**run["hyperparameters"], **one_device})
+    return exp, (run.get("data_locations") or {}).get("vocab_path")
 
 
 def main(argv: list[str]) -> None:

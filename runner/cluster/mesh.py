@@ -30,14 +30,7 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     num_devices = len(devices)
     ici, dcn = with_stage_axis(ici_mesh_shape), with_stage_axis(dcn_mesh_shape)
     if math.prod(ici) * math.prod(dcn) != num_devices:
-        per_process = num_devices // num_processes
-        raise UserError(
-            f"ICI_MESH_SHAPE={list(ici_mesh_shape)} x DCN_MESH_SHAPE={list(dcn_mesh_shape)} "
-            f"covers "
-            f"{math.prod(ici) * math.prod(dcn)} devices, but this job has {num_devices} "
-            f"({num_processes} process(es) x {per_process}); try "
-            f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
-        )
+        raise _size_error(ici, dcn, devices, num_processes)
     if num_processes == 1:
         if math.prod(dcn) != 1:
             raise _dcn_error(dcn_mesh_shape, num_processes)
@@ -51,6 +44,23 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     if len(nodes) != math.prod(dcn) or any(len(d) != math.prod(ici) for d in nodes):
         raise _dcn_error(dcn_mesh_shape, num_processes, len(nodes))
     return Mesh(_hybrid(ici, dcn, nodes), MESH_AXIS_NAMES)
+
+
+def _size_error(ici: list[int], dcn: list[int], devices: list, num_processes: int) -> UserError:
+    """The mesh does not cover this job's devices: the shapes as the user writes them (three
+    entries when there is one stage), a shape that fits, and on CPU how to get more."""
+    if ici[0] == dcn[0] == 1:
+        ici, dcn = ici[1:], dcn[1:]
+    wanted, num_devices = math.prod(ici) * math.prod(dcn), len(devices)
+    per_process = num_devices // num_processes
+    cpu = (f"; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} gives each "
+           f"process {wanted} devices" if devices[0].platform == "cpu" and num_processes == 1
+           else "")
+    return UserError(
+        f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers {wanted} devices, but this job "
+        f"has {num_devices} ({num_processes} process(es) x {per_process}); try "
+        f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
+        f"{cpu}")
 
 
 def _dcn_error(dcn, num_processes: int, num_nodes: int | None = None) -> UserError:
