@@ -150,7 +150,8 @@ def run_mode(exp, config, selection) -> None:
         profiler_port=FLAGS.jax_profiler_port, wandb_project=FLAGS.wandb_project,
         profile_steps=(None if FLAGS.profile_start_step is None else
                        (FLAGS.profile_start_step, FLAGS.profile_num_steps)),
-        data_locations=selection.data_locations), config=config)
+        data_locations=selection.data_locations, hang_timeout_s=FLAGS.hang_timeout_s),
+        config=config)
 
 
 def exit_now(code: int, message: str) -> None:

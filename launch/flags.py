@@ -101,6 +101,10 @@ flags.DEFINE_string("jax_compilation_cache_dir", None, "JAX's persistent compila
                     "$XDG_CACHE_HOME/paxloom/jax_compilation_cache (~/.cache/paxloom/...); "
                     "'none' or '' turns it off (runner/cluster/compilation_cache.py).")
 flags.DEFINE_alias("compilation_cache_dir", "jax_compilation_cache_dir")
+flags.DEFINE_float("hang_timeout_s", 3600.0, "End the job (every thread's stack in the log, "
+                   "one line, exit status 4) when training makes no progress for this many "
+                   "seconds: a stalled step, collective, checkpoint or peer process. Longer "
+                   "than the first step's compilation; 0 turns the watchdog off.")
 
 
 def _check(name: str, ok, expected: str) -> None:
@@ -124,6 +128,7 @@ _check("decode_batch_size", lambda v: v >= 1, "at least 1")
 _check("jax_profiler_port", lambda v: 1 <= v <= 65535, "a TCP port, 1 .. 65535")
 _check("profile_start_step", lambda v: v >= 0, "a step >= 0")
 _check("profile_num_steps", lambda v: v >= 1, "at least 1 step")
+_check("hang_timeout_s", lambda v: 0 <= v < float("inf"), ">= 0 seconds (0: no watchdog)")
 # Checked once every flag is parsed (absl validates after parsing), so --num_hosts is known.
 _check("host_idx", lambda v: 0 <= v < (FLAGS.num_hosts or sys.maxsize),
        "in 0 .. --num_hosts - 1")

@@ -16,6 +16,7 @@ from runner.state import checkpoints, initial_weights
 from runner.training import goodput, preemption, profiling, summaries
 from runner.training.builtin_callbacks import CallbackList, ConsoleSummaries, TensorBoard
 from runner.training.trainer import Trainer
+from runner.training.watchdog import Watchdog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class RunOptions:
     profiler_port: int | None = None
     wandb_project: str | None = None
     profile_steps: tuple[int, int] | None = None  # (start step, number of steps)
+    hang_timeout_s: float = 3600.0  # the watchdog's (runner/training/watchdog.py); 0: off
     # Where the command line said the data live (data_dir, vocab_path, cache_dir): recorded
     # in hyperparameters.json, so that --mode=decode and --mode=eval can reuse them.
     data_locations: dict | None = None
@@ -73,8 +75,11 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
     if run_spec.loop.eval_interval_steps and not run_spec.evals:
         log(_nothing_to_evaluate(exp, run_spec.loop.eval_interval_steps))
     with contextlib.ExitStack() as stack:
+        watchdog = stack.enter_context(Watchdog(
+            options.hang_timeout_s, "the start of the run (the other processes, the state)"))
         # The callbacks the run has, decided once, in the order the loop calls them.
-        callbacks = [ConsoleSummaries(), TensorBoard(job_log_dir, exp.hyperparameters())]
+        callbacks = [watchdog, ConsoleSummaries(),
+                     TensorBoard(job_log_dir, exp.hyperparameters())]
         trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=options.peak_tflops)
         # Every process has looked for checkpoints before any creates the directory (the
         # Checkpointer below): a process that finds it created mid-check would enter
