@@ -12,7 +12,8 @@ What Pax does, and so this module (paxml/contrib/gpu/scripts_gpu/tasks.py: the s
 eval_task='boolq'):
 
 - The input text is `passage + "\\nquestion: " + question + "?\\nanswer:"`; the target is
-  the word "yes" or "no", tokenized on its own, with no EOS.
+  the word "yes" or "no", as one token: the one the tokenizer continues "answer:" with
+  (a byte-level BPE's " yes"), else the word tokenized on its own as Pax does; no EOS.
 - A row is [BOS] + input tokens + [answer token], one example per row (never packed), and
   the loss weight is on the answer token only (weights_on_targets_only).
 - Accuracy: at the answer position, the logit of the label's token must be above the logit
@@ -135,20 +136,33 @@ def _tokenizer_name(tokenizer) -> str:
     return str(getattr(tokenizer, "path", None) or repr(tokenizer))
 
 
+# What every input ends with (input_text): the answer word is tokenized as it follows this.
+_ANSWER_CUE = "\nanswer:"
+
+
 def answer_token_ids(tokenizer: Tokenizer, words: Sequence[str] = ANSWER_WORDS
                      ) -> tuple[int, int]:
-    """(yes id, no id): each answer word encoded on its own must be exactly one token, since
-    the accuracy compares the two tokens' logits at one position."""
+    """(yes id, no id): the one token each answer word is after the input's "answer:", as
+    the tokenizer continues it (" yes": a byte-level BPE's "Ġyes"; SentencePiece's "▁yes"),
+    else the word encoded on its own (Pax's s.encode('yes')). One token each, since the
+    accuracy compares the two tokens' logits at one position."""
+    cue = list(tokenizer.encode(_ANSWER_CUE))
     ids = []
     for word in words:
-        encoded = list(tokenizer.encode(word))
-        if len(encoded) != 1:
+        after_cue = list(tokenizer.encode(f"{_ANSWER_CUE} {word}"))
+        alone = list(tokenizer.encode(word))
+        if after_cue[:len(cue)] == cue and len(after_cue) == len(cue) + 1:
+            ids.append(int(after_cue[-1]))
+        elif len(alone) == 1:
+            ids.append(int(alone[0]))
+        else:
             raise UserError(
                 f"tokenizer {_tokenizer_name(tokenizer)} encodes the BoolQ answer {word!r} as "
-                f"{len(encoded)} tokens {encoded}, but BoolQ scores a single answer token; use "
-                f"a tokenizer with {words[0]!r} and {words[1]!r} as single tokens (LLaMA's has "
-                f"them) or set BoolQ(answer_words=...) to words that are")
-        ids.append(int(encoded[0]))
+                f"{len(alone)} tokens {alone} (and after 'answer:' as "
+                f"{len(after_cue) - len(cue)}), but BoolQ scores a single answer token: use a "
+                f"tokenizer in which {words[0]!r} and {words[1]!r} are single tokens (LLaMA's "
+                f"are), or set BoolQ(answer_words=...) to two words that are single tokens "
+                f"in this one")
     if ids[0] == ids[1]:
         raise UserError(f"tokenizer {_tokenizer_name(tokenizer)} encodes {words[0]!r} and "
                         f"{words[1]!r} as the same token {ids[0]}; use a tokenizer that tells "

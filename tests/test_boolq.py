@@ -10,6 +10,7 @@ import types
 import fiddle as fdl
 import numpy as np
 import pytest
+import tokenizers
 from praxis import py_utils
 
 import experiments
@@ -287,6 +288,18 @@ def test_bad_inputs_are_one_line(tmp_path, tokenizer_path, tokenizer, data_dir):
     with pytest.raises(UserError, match="DATASET='boolq' needs --vocab_path") as e:
         fdl.build(dataset.tokenizer(settings))
     one_line(e)
+
+
+def test_answer_words_are_the_tokens_that_follow_answer(tmp_path):
+    """A byte-level BPE tokenizer (docs/guides/data.md's recipe) continues "answer:" with
+    " yes" (one token, "Ġyes"), not with "yes" on its own: the row ends "answer: yes", as
+    the model reads it, not "answer:yes"."""
+    texts = make_docs(100, seed=5) + [f"question: q?\nanswer: {w}" for w in ("yes", "no")] * 500
+    path = train_hf_tokenizer(tmp_path, texts, vocab_size=400)
+    bpe = load_tokenizer(path)
+    vocab = tokenizers.Tokenizer.from_file(str(path))
+    assert bpe.encode("yes") != [vocab.token_to_id("Ġyes")]  # Pax's s.encode('yes')
+    assert boolq.answer_token_ids(bpe) == (vocab.token_to_id("Ġyes"), vocab.token_to_id("Ġno"))
 
 
 # ----- end to end ------------------------------------------------------------------------
