@@ -171,11 +171,20 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
                             if key == device and device_memory_gb > 0 else "")
         lines.append(f"  {name:<26} {planning.format_bytes(usable):>9} usable  "
                      f"{verdict(p, usable)}")
-    if not fits(p, budget):
+    launch = f"python main.py --fdl_config={p.experiment}"
+    if fits(p, budget):
+        lines += ["", f"To launch it (with this command line's other flags): {launch} "
+                      f"--job_log_dir=runs/NAME"]
+    else:
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
+        fitting = []
         for kind, tried in find_changes(exp, p, budget, variant_graph,
                                         device_memory_gb).items():
             lines += _describe_changes(kind, tried, budget)
+            fitting += [c for c in tried if c.plan is not None and fits(c.plan, budget)]
+        if fitting:  # the first kind's is the cheapest: the kinds are tried in that order
+            lines += ["", f"To launch the first that fits (with this command line's other "
+                          f"flags): {launch} {fitting[0].flags} --job_log_dir=runs/NAME"]
     step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
     # A pipeline's stages compute at that MFU while busy, and wait out the bubble.
     step_s /= 1 - p.bubble

@@ -200,6 +200,9 @@ def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
     assert "--fdl.PERCORE_BATCH_SIZE=4: fits:" in text
     assert "PERCORE_BATCH_SIZE=2" not in text
     assert re.search(r"--fdl.ICI_MESH_SHAPE=\[1,4,2\]: (fits|does not fit)", text)
+    assert ("To launch the first that fits (with this command line's other flags): python "
+            "main.py --fdl_config=experiments.base.BaseExperiment --fdl.PERCORE_BATCH_SIZE=4 "
+            "--job_log_dir=runs/NAME") in text
 
 
 def test_plan_user_errors_are_one_line():
