@@ -4,8 +4,9 @@ helper that finds the per-layer template inside a stack, repeated or not.
 
 A family (layers/gpt.py, layers/llama.py) takes the stack from `transformer_stack`,
 puts it in `transformer_lm`, configures the layer template it returns (norms,
-attention, feed-forward) and wraps the result with `language_model`. Everything here is unsharded: the runtime adds
-sharding last (runner/state/partitioning.py), whatever layer classes the template holds.
+attention, feed-forward) and wraps the result with `language_model`. Everything here
+is unsharded: the runtime adds sharding last (runner/state/partitioning.py), whatever
+layer classes the template holds.
 """
 
 import jax.numpy as jnp
