@@ -60,13 +60,7 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
                                         options.restore_checkpoint_step, mode)
     if source is None and run_spec.initial_weights is not None:
         initial_weights.check_source(run_spec.initial_weights)
-    # The vocabulary the checkpoints were trained with, by its recorded fingerprint: an
-    # evaluation's source run, or this job's own when training resumes. Before any data is
-    # tokenized or anything is written.
-    vocab_path = (options.data_locations or {}).get("vocab_path")
-    record.check_vocabulary(run_spec.tokenizer, job_log_dir, vocab_path)
-    if mode == "eval" and options.restore_checkpoint_dir:
-        record.check_vocabulary(run_spec.tokenizer, options.restore_checkpoint_dir, vocab_path)
+    _check_recorded_vocabulary(run_spec, options)
     check_inputs(run_spec, mode)
     if mode == "eval":
         return _evaluate(exp, config, run_spec, mesh, source, options)
@@ -85,19 +79,8 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
         # Checkpointer below): a process that finds it created mid-check would enter
         # orbax's collective directory handling alone and fail with a sync mismatch.
         _barrier("paxloom:restore_source")
-        state = input_state = resumed_step = None
-        start_step = 0
-        if source is not None:
-            restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
-                                checkpoint_dir)
-            state, input_state, start_step = restored.state, restored.input_state, restored.step
-            log(f"restored step {restored.step} from {restored.path}")
-            resumed_step = restored.step if source[0] == checkpoint_dir else None
-        elif run_spec.initial_weights is not None:  # a new run from trained weights
-            state = trainer.init_state()
-            state["params"] = initial_weights.load(
-                run_spec.initial_weights, state["params"], trainer.abstract_state["params"],
-                config.model)
+        state, input_state, start_step, resumed_step = _starting_state(
+            trainer, source, options, config)
         if _is_primary():  # only once training is sure to start: a refused run records nothing
             record.record_config(job_log_dir, exp, config, resumed_step,
                                  record.run_record(options.data_locations, run_spec.tokenizer))
@@ -125,6 +108,36 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
             preemption.PreemptionWatcher(options.preemption_signal)))
         callbacks += exp.callbacks()  # the experiment's own, last: they see every save
         return trainer.train(state, input_state, callbacks)
+
+
+def _check_recorded_vocabulary(run_spec, options: RunOptions) -> None:
+    """The vocabulary the checkpoints were trained with, by its recorded fingerprint: this
+    job's own when training resumes, and an evaluation's source run. Before any data is
+    tokenized or anything is written."""
+    vocab_path = (options.data_locations or {}).get("vocab_path")
+    record.check_vocabulary(run_spec.tokenizer, options.job_log_dir, vocab_path)
+    if options.mode == "eval" and options.restore_checkpoint_dir:
+        record.check_vocabulary(run_spec.tokenizer, options.restore_checkpoint_dir, vocab_path)
+
+
+def _starting_state(trainer: Trainer, source, options: RunOptions, config: fdl.Config):
+    """(state, input state, start step, the step resumed in this job's own directory or
+    None): restored from `source`, from CHECKPOINT_RESTORE_PATH's weights, or None (the
+    trainer initialises it)."""
+    checkpoint_dir = checkpoints.job_checkpoint_dir(options.job_log_dir)
+    if source is not None:
+        restored = _restore(source, trainer.abstract_state, options.skip_broken_checkpoints,
+                            checkpoint_dir)
+        log(f"restored step {restored.step} from {restored.path}")
+        resumed_step = restored.step if source[0] == checkpoint_dir else None
+        return restored.state, restored.input_state, restored.step, resumed_step
+    initial = trainer.run.initial_weights
+    if initial is None:
+        return None, None, 0, None
+    state = trainer.init_state()  # a new run from trained weights
+    state["params"] = initial_weights.load(initial, state["params"],
+                                           trainer.abstract_state["params"], config.model)
+    return state, None, 0, None
 
 
 def _nothing_to_evaluate(exp, interval: int) -> str:
