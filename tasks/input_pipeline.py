@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import UserError
+from core.log import log
 from tasks.packing import make_batch, pack_documents, pad_batch_rows
 from tasks.prepare import PreparedFile, Tokenizer, prepare
 from tasks.text_formats import TextFormat
@@ -179,6 +180,11 @@ class PileTrainInput:
         self.batch_index = 0
         self._perm_epoch = None
         self._perm = None
+        log(f"training data: {len(self.shards)} file(s), "
+            f"{sum(s.num_docs for s in self.shards):,} documents, "
+            f"{self.stream.num_tokens:,} tokens: {self.num_sequences:,} "
+            f"{'packed' if self.packed else 'unpacked'} sequences of {self.seq_len}, "
+            f"{self.batches_per_epoch:,} steps per epoch of {self.global_batch_size}")
 
     def _permutation(self, epoch: int) -> FeistelPermutation:
         if self._perm_epoch != epoch:

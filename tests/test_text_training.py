@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 from praxis import pax_fiddle
@@ -110,3 +111,7 @@ def test_an_evaluation_interval_with_nothing_to_evaluate_says_so(tmp_path, learn
             "no Lambada): training only; for evaluations set --fdl.VALIDATION_FRACTION=0.01"
             ) in out.stdout
     assert out.stdout.index("note: EVAL_INTERVAL_STEPS") < out.stdout.index("step      2")
+    # The corpus in one line before the first step.
+    assert re.search(r"training data: 2 file\(s\), 500 documents, [\d,]+ tokens: [\d,]+ "
+                     r"packed sequences of 64, [\d,]+ steps per epoch of 16\n", out.stdout)
+    assert out.stdout.index("training data:") < out.stdout.index("step      2")
