@@ -17,6 +17,7 @@ import typing
 import fiddle as fdl
 
 from core import batch
+from core.errors import UserError
 from core.mesh_axes import with_stage_axis
 from experiments import groups
 from experiments.hyperparameters import Hyperparameters
@@ -28,6 +29,7 @@ if typing.TYPE_CHECKING:
     from core.target import TargetDevice
 
 class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, groups.Pipeline,
+                     groups.MixtureOfExperts,
                      groups.Optimizer, groups.Data, groups.StartingWeights, groups.LoRA,
                      groups.Loop, groups.PaxDefaults, Hyperparameters):
     """Defaults describe a tiny GPT that trains on one CPU; subclasses set real sizes."""
@@ -38,6 +40,10 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
         super().validate()
         if type(self).dataset is BaseExperiment.dataset:
             self.dataset()  # an unregistered DATASET fails now, with its near match
+        if self.NUM_EXPERTS and type(self).model_template is BaseExperiment.model_template:
+            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS}: the GPT family has no mixture "
+                            f"of experts; use a Llama-family experiment (e.g. "
+                            f"experiments.MixtralTiny) or Pax's GLaM experiments")
 
     def batch_layout(self) -> batch.BatchLayout:
         """Global batch, sub-batches and microbatches on this mesh (core/batch.py), or

@@ -38,7 +38,13 @@ CHOICES = {
     # layers/attention.py
     "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
     "LORA_TARGET_LAYERS": ("all", "attention", "mlp"),
+    # layers/moe.py's grouped matmul; the mesh axis the experts are split over.
+    "MOE_BACKEND": ("ragged_dot",),
+    "EXPERT_AXIS": ("data", "replica", "none"),
 }
+# Grouped-GEMM backends other projects use that Paxloom does not wire in (yet).
+_OTHER_MOE_BACKENDS = {"tokamax": "tokamax's ragged_dot", "te": "Transformer Engine's grouped GEMM",
+                       "megablox": "MaxText's megablox"}
 
 
 def _positive(exp, *names: str) -> None:
@@ -186,6 +192,73 @@ class Parallelism(Group):
                     f"e.g. [8,1,1] for pure data parallelism on 8 devices, or four with "
                     f"pipeline stages first, e.g. [2,1,4,1]"
                 )
+
+
+class MixtureOfExperts(Group):
+    """A mixture-of-experts feed-forward (layers/moe.py: dropless top-k, Mixtral / Qwen-MoE
+    style), in the model families that build one (Llama); Pax's GLaM experiments build
+    praxis's GShard layer from NUM_EXPERTS and LOAD_BALANCING_WEIGHT (experiments/glam.py)."""
+
+    NUM_EXPERTS: int = 0  # routed experts; 0: a dense feed-forward (Pax's name)
+    NUM_EXPERTS_PER_TOKEN: int = 2  # top-k (Hugging Face's num_experts_per_tok)
+    MOE_HIDDEN_DIMS: int | None = None  # each expert's hidden width; None: HIDDEN_DIMS
+    # Every Nth decoder layer is a mixture (the last of each N, as Qwen2-MoE's
+    # decoder_sparse_step); the others keep the dense feed-forward.
+    MOE_LAYER_INTERVAL: int = 1
+    MOE_RENORMALIZE: bool = True  # a token's top-k router weights sum to 1 (norm_topk_prob)
+    MOE_SHARED_HIDDEN_DIMS: int = 0  # > 0: a shared expert every token uses (Qwen2-MoE)
+    MOE_SHARED_EXPERT_GATE: bool = False  # scale the shared expert by sigmoid(x @ w)
+    CAPACITY_FACTOR: float = 0.0  # 0: dropless; > 0: per-sequence expert capacity (drops)
+    LOAD_BALANCING_WEIGHT: float = 0.01  # Switch/Mixtral load-balancing loss, per MoE layer
+    ROUTER_Z_LOSS_WEIGHT: float = 0.0  # ST-MoE router z-loss, per MoE layer
+    MOE_BACKEND: str = "ragged_dot"  # the grouped matmul
+    EXPERT_AXIS: str = "data"  # the mesh axis the experts are split over ("none": replicated)
+
+    def expert_shards(self) -> int:
+        """How many ways the experts are split: the size of EXPERT_AXIS (ICI x DCN)."""
+        if self.EXPERT_AXIS == "none":
+            return 1
+        index = ("replica", "data").index(self.EXPERT_AXIS) - 3  # from the end: no stage
+        return self.ICI_MESH_SHAPE[index] * self.DCN_MESH_SHAPE[index]
+
+    def _check(self) -> None:
+        if self.NUM_EXPERTS < 0:
+            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} must be >= 0 (0: a dense "
+                            f"feed-forward)")
+        if self.MOE_BACKEND in _OTHER_MOE_BACKENDS:
+            raise UserError(f"MOE_BACKEND={self.MOE_BACKEND!r}: "
+                            f"{_OTHER_MOE_BACKENDS[self.MOE_BACKEND]} is not wired into "
+                            f"Paxloom; use MOE_BACKEND='ragged_dot'")
+        if self.CAPACITY_FACTOR < 0:
+            raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} must be >= 0: 0 routes "
+                            f"dropless, > 0 caps each expert at that many times its mean "
+                            f"load, e.g. 1.25")
+        if not self.NUM_EXPERTS:
+            return
+        if not 1 <= self.NUM_EXPERTS_PER_TOKEN <= self.NUM_EXPERTS:
+            raise UserError(f"NUM_EXPERTS_PER_TOKEN={self.NUM_EXPERTS_PER_TOKEN} must be "
+                            f"between 1 and NUM_EXPERTS={self.NUM_EXPERTS}")
+        shards = self.expert_shards()
+        if self.NUM_EXPERTS % shards:
+            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} does not split over the "
+                            f"{shards}-way EXPERT_AXIS={self.EXPERT_AXIS!r}; use a multiple "
+                            f"of {shards} experts, or EXPERT_AXIS='none'")
+        if self.MOE_LAYER_INTERVAL < 1 or self.NUM_LAYERS % self.MOE_LAYER_INTERVAL:
+            raise UserError(f"MOE_LAYER_INTERVAL={self.MOE_LAYER_INTERVAL} must be >= 1 and "
+                            f"divide NUM_LAYERS={self.NUM_LAYERS}")
+        if self.LOAD_BALANCING_WEIGHT < 0 or self.ROUTER_Z_LOSS_WEIGHT < 0:
+            raise UserError("LOAD_BALANCING_WEIGHT and ROUTER_Z_LOSS_WEIGHT must be >= 0")
+        if self.USE_FP8:
+            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} with USE_FP8: FP8 for the "
+                            f"experts' grouped matmuls is not built; set USE_FP8=False")
+        if self.USE_LORA and self.LORA_TARGET_LAYERS != "attention":
+            raise UserError(f"USE_LORA on a mixture of experts: adapters go on attention only; "
+                            f"set LORA_TARGET_LAYERS='attention' (is "
+                            f"{self.LORA_TARGET_LAYERS!r})")
+        if self.num_stages() > 1:
+            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} with pipeline stages is not "
+                                f"supported (the experts' all_to_all inside praxis's "
+                                f"pipeline); use a three-entry ICI_MESH_SHAPE")
 
 
 class Pipeline(Group):

@@ -63,6 +63,31 @@ class LlamaBase(BaseExperiment):
             rope_max_wavelength=self.ROPE_MAX_WAVELENGTH,
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
             loss_chunk_len=self.loss_chunk_len(),
+            experts=self.experts_template(),
+            experts_interval=self.MOE_LAYER_INTERVAL,
+        )
+
+    def experts_template(self):
+        """The mixture-of-experts feed-forward (layers/moe.py), or None when NUM_EXPERTS=0."""
+        if not self.NUM_EXPERTS:
+            return None
+        from praxis import pax_fiddle
+
+        from layers import moe
+
+        return pax_fiddle.Config(
+            moe.MoeFeedForward,
+            num_experts=self.NUM_EXPERTS,
+            num_experts_per_token=self.NUM_EXPERTS_PER_TOKEN,
+            expert_hidden_dims=self.MOE_HIDDEN_DIMS or self.HIDDEN_DIMS,
+            renormalize_top_k=self.MOE_RENORMALIZE,
+            capacity_factor=self.CAPACITY_FACTOR,
+            load_balancing_weight=self.LOAD_BALANCING_WEIGHT,
+            router_z_loss_weight=self.ROUTER_Z_LOSS_WEIGHT,
+            shared_hidden_dims=self.MOE_SHARED_HIDDEN_DIMS,
+            shared_expert_gate=self.MOE_SHARED_EXPERT_GATE,
+            backend=self.MOE_BACKEND,
+            expert_axis=None if self.EXPERT_AXIS == "none" else self.EXPERT_AXIS,
         )
 
 
@@ -248,3 +273,21 @@ class LLaMA70B(LLaMA7B):
     PERCORE_BATCH_SIZE = 4
     ICI_MESH_SHAPE = [1, 8, 1]
     DCN_MESH_SHAPE = [1, 2, 1]
+
+
+# ----- Mixtures of experts (layers/moe.py) ---------------------------------------------------
+
+
+@register
+class MixtralTiny(LlamaTiny):
+    """LlamaTiny with a Mixtral-style mixture of experts in every layer: 8 experts, top-2,
+    split over the mesh's data axis; 8 fake CPU devices.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.MixtralTiny --job_log_dir=runs/mixtral-tiny
+    """
+
+    NUM_EXPERTS = 8
+    NUM_EXPERTS_PER_TOKEN = 2
+    MOE_HIDDEN_DIMS = 128
+    LOAD_BALANCING_WEIGHT = 0.02  # Mixtral's router_aux_loss_coef
+    ROUTER_Z_LOSS_WEIGHT = 1e-3

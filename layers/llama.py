@@ -21,6 +21,7 @@ from praxis.layers import (
     normalizations,
 )
 
+from layers import moe
 from layers.stack import (
     language_model,
     separate_softmax,
@@ -44,8 +45,12 @@ def llama_model(
     rope_max_wavelength: float,
     embedding_lookup_style: str = "index",
     loss_chunk_len: int = 0,
+    experts: pax_fiddle.Config | None = None,
+    experts_interval: int = 1,
 ) -> pax_fiddle.Config:
-    """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`."""
+    """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`;
+    with `experts` (a layers/moe.py MoeFeedForward config), every `experts_interval`-th
+    layer's feed-forward is that mixture of experts (Mixtral, Qwen-MoE)."""
     rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
                                  direct_scale=False)
     lm = transformer_lm(
@@ -75,4 +80,6 @@ def llama_model(
             num_kv_heads=num_kv_heads, scale_query_by_dim_per_head=True)
     layer.tr_atten_tpl.set(use_bias=False, use_rotary_position_emb=True,
                            rotary_position_emb_tpl=rope)
+    if experts is not None:
+        moe.with_experts(lm.stacked_transformer_tpl, experts, experts_interval)
     return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)

@@ -50,10 +50,12 @@ def split(batch: dict, steps: int, mesh: Mesh) -> dict:
 
 def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int, mesh: Mesh,
                    grad_shardings=None, overwritten=None):
-    """(loss, gradients, per-sub-batch losses [K]) of the global `batch`, run as `steps`
+    """(loss, gradients, per-sub-batch losses [K], step metrics) of the global `batch`, run as `steps`
     sub-batches in sequence.
 
-    `weighted_loss(params, sub_batch, key)` -> (mean loss, weight): praxis's total_loss.
+    `weighted_loss(params, sub_batch, key)` -> ((mean loss, weight), step metrics): praxis's
+    total_loss and what the layers reported (core/step_metrics.py), which come back
+    averaged over the sub-batches.
     The loss and gradients are those of the whole batch's weighted mean; the gradients
     have the parameters' dtypes, summed in float32 (laid out as `grad_shardings`, the
     parameters' shardings, when given). `overwritten` (a tree of bools like `params`)
@@ -71,9 +73,9 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
     batch_weight = jnp.where(batch_weight > 0, batch_weight, 1.0)
 
     def share(p, sub_batch, sub_key):
-        mean, weight = weighted_loss(p, sub_batch, sub_key)
+        (mean, weight), layer_metrics = weighted_loss(p, sub_batch, sub_key)
         weight = jax.lax.stop_gradient(weight).astype(jnp.float32)
-        return mean.astype(jnp.float32) * (weight / batch_weight), (mean, weight)
+        return mean.astype(jnp.float32) * (weight / batch_weight), (mean, weight, layer_metrics)
 
     grad_fn = jax.value_and_grad(share, has_aux=True)
 
@@ -82,18 +84,19 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
         sub_batch, k = xs
         sub_batch = jax.tree_util.tree_map(
             lambda x: jax.lax.with_sharding_constraint(x, row_sharding), sub_batch)
-        (_, (mean, weight)), grads = grad_fn(params, sub_batch, jax.random.fold_in(key, k))
+        (_, (mean, weight, layer_metrics)), grads = grad_fn(params, sub_batch,
+                                                           jax.random.fold_in(key, k))
         grad_sum = jax.tree_util.tree_map(
             lambda a, g, o: jnp.maximum(a, g) if o else a + g.astype(jnp.float32),
             grad_sum, grads, overwritten)
-        return (loss_sum + mean * weight, weight_sum + weight, grad_sum), mean
+        return (loss_sum + mean * weight, weight_sum + weight, grad_sum), (mean, layer_metrics)
 
     zeros = jax.tree_util.tree_map(
         lambda p, o: jnp.full(p.shape, -jnp.inf if o else 0.0, jnp.float32), params, overwritten)
     if grad_shardings is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
     init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
-    (loss_sum, weight_sum, grad_sum), sub_losses = jax.lax.scan(
+    (loss_sum, weight_sum, grad_sum), (sub_losses, layer_metrics) = jax.lax.scan(
         body, init, (sub_batches, jnp.arange(steps)))
     # No weighted token at all (K = 1 gives 0 then too): 0 rather than 0 / 0.
     denominator = jnp.where(weight_sum > 0, weight_sum, 1.0)
@@ -101,4 +104,5 @@ def loss_and_grads(weighted_loss: Callable, params, batch: dict, key, steps: int
     grads = jax.tree_util.tree_map(
         lambda g, p, o: (g if o else g * correction).astype(p.dtype), grad_sum, params,
         overwritten)
-    return loss_sum / denominator, grads, sub_losses
+    layer_metrics = {name: jnp.mean(values) for name, values in layer_metrics.items()}
+    return loss_sum / denominator, grads, sub_losses, layer_metrics

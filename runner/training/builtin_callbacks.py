@@ -128,6 +128,9 @@ class ConsoleSummaries(Callback):
         scalars = {"loss": loss, "learning_rate": learning_rate, "grad_norm": grad_norm}
         line = (f"step {step:>6} | loss {loss:.4f} | lr {learning_rate:.3e} | "
                 f"grad_norm {grad_norm:.3f}")
+        for name in sorted(k for k in host[-1] if "/" in k):  # the layers' step metrics
+            scalars[name] = float(np.mean([m[name] for m in host]))
+            line += f" | {name} {scalars[name]:.4g}"
         if steps > 0 and elapsed > 0:  # no rate right after the (timed-apart) first step
             steps_per_sec = steps / elapsed
             tokens_per_sec = steps_per_sec * run.global_batch_size * run.seq_len

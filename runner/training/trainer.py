@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
+from praxis import base_layer
 
-from core import spec
+from core import spec, step_metrics
 from core.callbacks import RunInfo, StepInfo
 from core.data import BATCH_DTYPES
 from core.errors import UserError
@@ -109,30 +110,37 @@ class Trainer:
     # ----- compiled functions -------------------------------------------------
 
     def _loss(self, params, batch, key):
-        return self._weighted_loss(params, batch, key)[0]
+        total_loss, layer_metrics = self._weighted_loss(params, batch, key)
+        return total_loss[0], layer_metrics
 
     def _weighted_loss(self, params, batch, key):
-        """praxis's total_loss: (mean over the batch's weighted target tokens, their weight)."""
+        """(praxis's total_loss: (mean over the batch's weighted target tokens, their
+        weight), the step metrics the layers reported (core/step_metrics.py)).
+
+        The loss includes the layers' aux losses (a mixture of experts' router losses),
+        which praxis's TransformerLm adds when their collection is mutable."""
         # Parameters the optimizer freezes (USE_LORA: all but the adapters) get no gradient.
         params = optimizer.stop_frozen_gradients(self.tx, params)
         with praxis_context(do_eval=False):
-            metrics, _ = self.model.apply(
+            (metrics, _), collections = self.model.apply(
                 {"params": params},
                 as_model_batch(batch, self.model.fprop_dtype),
                 rngs={"random": key, "dropout": key},
+                mutable=[base_layer.AUX_LOSS, base_layer.SUMMARIES],
             )
-        return metrics.total_loss
+        return metrics.total_loss, step_metrics.collect(collections.get(base_layer.SUMMARIES, {}))
 
     def _train_step(self, state, batch):
         step = state["step"]
         key = jax.random.fold_in(jax.random.key(self.run.loop.random_seed), step)
         if self.accumulation_steps > 1:  # the same update, one sub-batch at a time
-            loss, grads, _ = accumulation.loss_and_grads(
+            loss, grads, _, layer_metrics = accumulation.loss_and_grads(
                 self._weighted_loss, state["params"], batch, key, self.accumulation_steps,
                 self.mesh, self.state_shardings["params"],
                 overwritten=optimizer.overwritten_mask(self.tx, state["params"]))
         else:
-            loss, grads = jax.value_and_grad(self._loss)(state["params"], batch, key)
+            (loss, layer_metrics), grads = jax.value_and_grad(self._loss, has_aux=True)(
+                state["params"], batch, key)
         grad_norm = optax.tree.norm(optimizer.optimized_gradients(self.tx, grads))
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -158,6 +166,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "learning_rate": self.run.learning_rate(step),
             "nonfinite": ~finite,
+            **layer_metrics,
         }
         return new_state, metrics
 
