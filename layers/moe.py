@@ -278,7 +278,7 @@ class MoeFeedForward(base_layer.BaseLayer):
                 expert_axis=None, expert_shards=1, tensor_axis=None, buffer_rows=0)
             return out.reshape(b, length, d), overflow
         P = jax.sharding.PartitionSpec
-        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+        sizes = dict(mesh.shape)
         shards = sizes[self.expert_axis] if self.expert_axis else 1
         tensor = self.tensor_axis if self.tensor_axis and sizes[self.tensor_axis] > 1 else None
         batch_shards = math.prod(sizes[a] for a in BATCH_AXES)
