@@ -5,7 +5,7 @@
 Importing this package registers the built-in experiments.
 """
 
-from experiments import gpt, llama  # noqa: E402,F401,I001  (registers the built-in experiments)
+from experiments import glam, gpt, llama  # noqa: E402,F401,I001  (registers the built-in experiments)
 from experiments.base import BaseExperiment
 from experiments.registry import register, registered, resolve
 

@@ -38,13 +38,13 @@ CHOICES = {
     # layers/attention.py
     "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
     "LORA_TARGET_LAYERS": ("all", "attention", "mlp"),
-    # layers/moe.py's grouped matmul; the mesh axis the experts are split over.
-    "MOE_BACKEND": ("ragged_dot",),
+    # The mesh axis the experts are split over (layers/moe.py).
     "EXPERT_AXIS": ("data", "replica", "none"),
 }
-# Grouped-GEMM backends other projects use that Paxloom does not wire in (yet).
+# layers/moe.py's grouped matmuls, and those other projects use that Paxloom has not wired in.
+MOE_BACKENDS = ("ragged_dot",)
 _OTHER_MOE_BACKENDS = {"tokamax": "tokamax's ragged_dot", "te": "Transformer Engine's grouped GEMM",
-                       "megablox": "MaxText's megablox"}
+                       "megablox": "MaxText's megablox kernel"}
 
 
 def _positive(exp, *names: str) -> None:
@@ -225,10 +225,10 @@ class MixtureOfExperts(Group):
         if self.NUM_EXPERTS < 0:
             raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} must be >= 0 (0: a dense "
                             f"feed-forward)")
-        if self.MOE_BACKEND in _OTHER_MOE_BACKENDS:
-            raise UserError(f"MOE_BACKEND={self.MOE_BACKEND!r}: "
-                            f"{_OTHER_MOE_BACKENDS[self.MOE_BACKEND]} is not wired into "
-                            f"Paxloom; use MOE_BACKEND='ragged_dot'")
+        if self.MOE_BACKEND not in MOE_BACKENDS:
+            what = _OTHER_MOE_BACKENDS.get(self.MOE_BACKEND, "an unknown grouped matmul")
+            raise UserError(f"MOE_BACKEND={self.MOE_BACKEND!r}: {what} is not wired into "
+                            f"Paxloom; use one of {', '.join(MOE_BACKENDS)}")
         if self.CAPACITY_FACTOR < 0:
             raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} must be >= 0: 0 routes "
                             f"dropless, > 0 caps each expert at that many times its mean "

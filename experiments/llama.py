@@ -85,7 +85,7 @@ class LlamaBase(BaseExperiment):
             load_balancing_weight=self.LOAD_BALANCING_WEIGHT,
             router_z_loss_weight=self.ROUTER_Z_LOSS_WEIGHT,
             shared_hidden_dims=self.MOE_SHARED_HIDDEN_DIMS,
-            shared_expert_gate=self.MOE_SHARED_EXPERT_GATE,
+            gate_shared_expert=self.MOE_SHARED_EXPERT_GATE,
             backend=self.MOE_BACKEND,
             expert_axis=None if self.EXPERT_AXIS == "none" else self.EXPERT_AXIS,
         )

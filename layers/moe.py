@@ -40,7 +40,7 @@ from core.step_metrics import report_step_metric
 
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
-BACKENDS = ("ragged_dot",)
+BACKENDS = ("ragged_dot",)  # experiments/groups.py MOE_BACKENDS lists the same
 
 
 def route(logits: jax.Array, k: int, renormalize: bool):
@@ -53,16 +53,20 @@ def route(logits: jax.Array, k: int, renormalize: bool):
     return weights, experts, probs
 
 
-def capacity_keep(experts: jax.Array, num_experts: int, capacity: int) -> jax.Array:
-    """[B, L, k] booleans: which assignments fit their expert's per-sequence `capacity`.
+def capacity_keep(experts: jax.Array, live: jax.Array, num_experts: int,
+                  capacity: int) -> jax.Array:
+    """[B, L, k] booleans: which assignments of live tokens (`live` [B, L] > 0) fit their
+    expert's per-sequence `capacity`; padding takes no room.
 
     Within a sequence the top-1 choices of all tokens come first, then the top-2 ones
     (GShard's order), earlier tokens before later ones."""
     b, length, k = experts.shape
     by_priority = jnp.swapaxes(experts, 1, 2).reshape(b, k * length)
-    one_hot = jax.nn.one_hot(by_priority, num_experts, dtype=jnp.int32)
+    counted = jnp.tile(live > 0, (1, k))[..., None]  # [B, k*L, 1], same order
+    one_hot = jax.nn.one_hot(by_priority, num_experts, dtype=jnp.int32) * counted
     rank = jnp.sum((jnp.cumsum(one_hot, axis=1) - 1) * one_hot, axis=-1)  # [B, k*L]
-    return jnp.swapaxes((rank < capacity).reshape(b, k, length), 1, 2)
+    fits = (rank < capacity) & counted[..., 0]
+    return jnp.swapaxes(fits.reshape(b, k, length), 1, 2)
 
 
 def grouped_mlp(rows, group_sizes, w_gate, w_up, w_down, activation):
@@ -149,7 +153,7 @@ class MoeFeedForward(base_layer.BaseLayer):
       load_balancing_weight, router_z_loss_weight: the router losses' weights.
       shared_hidden_dims: > 0: a shared expert of this hidden width that every token
         goes through (Qwen2-MoE), its output added to the routed experts'.
-      shared_expert_gate: the shared expert's output is scaled by sigmoid(x @ w).
+      gate_shared_expert: the shared expert's output is scaled by sigmoid(x @ w).
       backend: the grouped-matmul implementation ("ragged_dot").
       expert_axis: the mesh axis the experts are split over (None: replicated).
       tensor_axis: the mesh axis each expert's hidden dimension is split over.
@@ -165,7 +169,7 @@ class MoeFeedForward(base_layer.BaseLayer):
     load_balancing_weight: float = 0.0
     router_z_loss_weight: float = 0.0
     shared_hidden_dims: int = 0
-    shared_expert_gate: bool = False
+    gate_shared_expert: bool = False
     backend: str = "ragged_dot"
     expert_axis: str | None = "data"
     tensor_axis: str | None = "mdl"
@@ -227,7 +231,7 @@ class MoeFeedForward(base_layer.BaseLayer):
             self.create_variable("shared_down", WeightHParams(
                 shape=[hs, d], mesh_shape=self.mesh_shape,
                 tensor_split_dims_mapping=[self.tensor_axis, None] if sharded else None))
-            if self.shared_expert_gate:
+            if self.gate_shared_expert:
                 self.create_variable("shared_expert_gate", WeightHParams(
                     shape=[d, 1], mesh_shape=self.mesh_shape,
                     tensor_split_dims_mapping=[None, None] if sharded else None))
@@ -248,7 +252,7 @@ class MoeFeedForward(base_layer.BaseLayer):
         weights, experts, probs = route(logits, k, self.renormalize_top_k)
         if self.capacity_factor > 0:
             capacity = math.ceil(self.capacity_factor * length * k / e)
-            keep = capacity_keep(experts, e, capacity) & (live[..., None] > 0)
+            keep = capacity_keep(experts, live, e, capacity)
         else:
             keep = jnp.ones(experts.shape, bool)
         # A dropped assignment goes to the sentinel expert e, which computes nothing.
@@ -311,7 +315,7 @@ class MoeFeedForward(base_layer.BaseLayer):
         gate = jnp.einsum("bld,dh->blh", x, theta.shared_gate)
         up = jnp.einsum("bld,dh->blh", x, theta.shared_up)
         out = jnp.einsum("blh,hd->bld", self.activation(gate) * up, theta.shared_down)
-        if self.shared_expert_gate:
+        if self.gate_shared_expert:
             out = out * jax.nn.sigmoid(jnp.einsum("bld,do->blo", x, theta.shared_expert_gate))
         return out
 
