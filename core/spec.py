@@ -74,6 +74,9 @@ class ModelShape:
     dims_per_head: int
     seq_len: int  # MAX_SEQ_LEN
     vocab_size: int  # VOCAB_SIZE
+    # The share of each expert's weights one token uses (experts per token / experts) in a
+    # mixture of experts, for FLOPs per token; 1.0 for a dense model.
+    expert_share: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,9 @@ from core.step_metrics import report_step_metric
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
 BACKENDS = ("ragged_dot",)  # experiments/groups.py MOE_BACKENDS lists the same
+# The per-expert weights ([E, ...]) of this layer and of praxis's GShard layer (GLaM), by
+# parameter name inside a decoder layer's `ff_layer`: a token uses k of their E slices.
+EXPERT_WEIGHTS = ("wi_gate", "wi_up", "wo", "wi_0", "wi_gate_0", "wo_0")
 
 
 def route(logits: jax.Array, k: int, renormalize: bool):

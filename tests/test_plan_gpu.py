@@ -124,3 +124,16 @@ def test_target_configs_describe_each_planned_gpu():
     text = gpu_target.target_config(gpu_target.TARGETS["a100-80gb"], 81920 * 2**20)
     assert "cuda_compute_capability { major: 8 minor: 0 }" in text
     assert f"device_memory_size: {81920 * 2**20}" in text
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_glam64b_on_64_nodes_plans_its_memory_and_all_to_all_bytes():
+    """Issue 32: GLaM64B64E on 64 nodes of 8 H100s (its own mesh: 8-way tensor parallelism
+    in a node, the 64 experts over the nodes)."""
+    planned, text = plan_peak_gib("--fdl_config=experiments.PileGLaM64B64E",
+                                  "--plan_device=h100")
+    assert "PileGLaM64B64E on 512 devices" in text
+    assert 30 < planned < 80, planned  # 61.9 GiB when written (jax 0.10.2)
+    all_to_all = re.search(r"all-to-all +data +DCN +64 +\d+ +[\d.]+ \w+ +([\d.]+) GiB", text)
+    assert all_to_all and float(all_to_all.group(1)) > 1, text

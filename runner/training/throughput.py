@@ -7,13 +7,18 @@ N: parameters taking part in matmuls (all but the position embedding, which is
 L: layers, H: heads, Q: head dimension, T: sequence length. The first term is
 the dense matmuls forward and backward, the second attention's score and value
 matmuls. Rematerialisation is not counted (that would be hardware FLOPs).
+
+In a mixture of experts, N counts the parameters a token uses ("active" parameters, as
+MaxText and Megatron report MoE MFU): each expert weight times the share of experts a
+token goes to (k / E); the router and shared experts count whole. The all_to_all and
+routing are not FLOPs of the model.
 """
 
 import re
 
 import jax
 
-from layers import fp8
+from layers import fp8, moe
 from runner.state.checkpoints import param_path
 
 # Dense peak FLOP/s per device for the compute dtype, from the vendors' data
@@ -45,14 +50,16 @@ def peak_flops_per_device(device: jax.Device | None = None, override_tflops: flo
     return 0.0
 
 
-def matmul_param_count(params) -> int:
+def matmul_param_count(params, expert_share: float = 1.0) -> int:
     """Parameters counted in N above: everything except the position embedding table and
-    USE_FP8's scaling state (amax histories and scales, no matmul's operands)."""
+    USE_FP8's scaling state (amax histories and scales, no matmul's operands), the experts'
+    weights times `expert_share` (k / E)."""
     scaling_state = re.compile(fp8.SCALING_STATE_RULE)
-    total = 0
+    total = 0.0
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         name = param_path(path)
         if "position_emb" in name or scaling_state.match(name):
             continue
-        total += leaf.size
-    return total
+        expert = "ff_layer" in name and name.rsplit("/", 1)[-1] in moe.EXPERT_WEIGHTS
+        total += leaf.size * (expert_share if expert else 1.0)
+    return round(total)

@@ -94,7 +94,8 @@ class Trainer:
         self.num_params = sum(a.size for a in jax.tree_util.tree_leaves(abstract_state["params"]))
         shape = run.model_shape
         self.flops_per_token = throughput.flops_per_token(
-            num_params=throughput.matmul_param_count(abstract_state["params"]),
+            num_params=throughput.matmul_param_count(abstract_state["params"],
+                                                     run.model_shape.expert_share),
             num_layers=shape.num_layers,
             num_heads=shape.num_heads,
             dims_per_head=shape.dims_per_head,
