@@ -289,5 +289,7 @@ class MixtralTiny(LlamaTiny):
     NUM_EXPERTS = 8
     NUM_EXPERTS_PER_TOKEN = 2
     MOE_HIDDEN_DIMS = 128
-    LOAD_BALANCING_WEIGHT = 0.02  # Mixtral's router_aux_loss_coef
+    # Mixtral's router_aux_loss_coef, 0.02, weighs one loss pooled over its layers; here
+    # each MoE layer adds its own (runner/state/hf_format.py maps one to the other).
+    LOAD_BALANCING_WEIGHT = 0.01
     ROUTER_Z_LOSS_WEIGHT = 1e-3

@@ -2,16 +2,21 @@
 
 `architecture_of(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
 layers/llama.py, or a user's variant of them) and returns an `Architecture`: sizes,
-norms, position encoding, activation, biases, query scaling. Anything the cached
+norms, position encoding, activation, biases, query scaling, and the mixture of experts
+(layers/moe.py's MoeFeedForward) with the layers that have it. Anything the cached
 decoder (layers/cached_lm.py) would compute differently from praxis is refused with
-`UnsupportedModel`, one line naming the setting, never approximated.
+`UnsupportedModel`, one line naming the setting, never approximated. One deliberate
+exception: a mixture trained with a capacity (CAPACITY_FACTOR > 0) is described, and
+decoded, dropless, as Hugging Face's Mixtral and Qwen-MoE compute: which tokens a capacity
+drops depends on the rest of the batch, a training-time bound, not part of the model.
 
 `canonical_weights(params, arch)` turns praxis's parameter tree into one layout that
 hides praxis's storage conventions: norm scales are the effective multipliers (praxis
 stores `scale - 1` unless `direct_scale`), the combined QKV projection is split into
 q, k, v, the tied embedding appears as both the input embedding and the output
-projection, and the layers become a list, whether stored per layer, repeated (scanned) or
-in pipeline stages (layers/layer_layout.py). The cached decoder and the
+projection, and the layers become a list, whether stored per layer, repeated (scanned,
+one layer or a block of several per repeat) or in pipeline stages
+(layers/layer_layout.py). The cached decoder and the
 Hugging Face export (tools/export_hf.py) both read this layout, so praxis's layout
 is decoded in one place. It works on numpy and jax arrays alike.
 """
@@ -34,7 +39,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
-from layers import layer_layout, lora
+from layers import layer_layout, lora, moe
 from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
@@ -71,10 +76,27 @@ _UNTIED_SOFTMAXES = (embedding_softmax.FullSoftmax, softmax_layers.ChunkedFullSo
 
 
 @dataclasses.dataclass(frozen=True)
+class Experts:
+    """A dropless top-k mixture of gated experts (layers/moe.py), the feed-forward of the
+    layers Architecture.moe_layers names. Its norm and activation are the model's
+    feed-forward ones (mlp_norm, activation)."""
+
+    num_experts: int
+    per_token: int  # k of the top-k routing
+    hidden_dims: int  # each expert's
+    renormalize: bool  # a token's k router weights are rescaled to sum to 1
+    shared_hidden_dims: int = 0  # > 0: a shared expert every token goes through
+    gate_shared_expert: bool = False  # the shared expert's output times sigmoid(x @ w)
+    # Training only (no part of the forward pass): the load-balancing loss's weight per
+    # mixture layer, which Hugging Face configs carry as router_aux_loss_coef.
+    load_balancing_weight: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Architecture:
     num_layers: int
     model_dims: int
-    hidden_dims: int
+    hidden_dims: int  # the dense feed-forward's (unused when every layer is a mixture)
     num_heads: int
     num_kv_heads: int  # == num_heads without grouped-query attention
     dims_per_head: int
@@ -99,6 +121,8 @@ class Architecture:
     # Where each layer's parameters sit (plain, repeated, pipeline stages); None: as
     # `repeated` says, unpipelined (an Architecture made by hand).
     stack_layout: layer_layout.StackLayout | None = None
+    experts: Experts | None = None  # the mixture of experts, in the layers moe_layers names
+    moe_layers: tuple[int, ...] = ()  # layers (0 = next to the embedding) with `experts`
 
     @property
     def layout(self) -> layer_layout.StackLayout:
@@ -146,26 +170,42 @@ def architecture_of(model) -> Architecture:
     _require(_cls(lm) is transformer_models.TransformerLm, f"lm_tpl is {_cls(lm).__name__}")
     _require(lm.ngrammer_tpl is None, "the model has an n-grammer layer")
     layout, repeated, block, layer = _decoder_layers(lm.stacked_transformer_tpl)
-    atten, ffn, softmax = layer.tr_atten_tpl, layer.tr_fflayer_tpl, lm.softmax_tpl
+    # The feed-forwards first: praxis's GShard mixture (Pax's GLaM) is refused by name.
+    dense, mixture, moe_layers = _feed_forwards(block, layer, layout.num_layers)
+    experts = None if mixture is None else _experts(mixture, block)
+    # The feed-forward's norm and activation: the dense layer's, which a mixture shares
+    # (moe.with_experts copies them); the mixture's when every layer is one.
+    ffn = dense if dense is not None else mixture
+    mlp_norm = _norm(ffn.ln_tpl, "the feed-forward norm")
+    activation = _activation(ffn.activation_tpl, "the feed-forward activation")
+    if mixture is not None:
+        _require(_norm(mixture.ln_tpl, "the mixture's norm") == mlp_norm,
+                 "the mixture of experts' norm differs from the dense feed-forward's")
+        _require(_activation(mixture.activation_tpl, "the mixture's activation") == activation,
+                 "the mixture of experts' activation differs from the dense feed-forward's")
+    atten, softmax = layer.tr_atten_tpl, lm.softmax_tpl
     num_kv_heads, query_scale = _attention(atten, block)
     positions, max_positions, rope_min, rope_max = _positions(lm, atten)
-    _check_feed_forward(ffn)
     tied, embedding_scale = _softmax(lm, block.model_dims)
     return Architecture(
         num_layers=layout.num_layers, model_dims=block.model_dims,
         hidden_dims=block.hidden_dims, num_heads=block.num_heads, num_kv_heads=num_kv_heads,
         dims_per_head=_dims_per_head(block), vocab_size=lm.vocab_size,
         attention_norm=_norm(layer.ln_tpl, "the attention norm"),
-        mlp_norm=_norm(ffn.ln_tpl, "the feed-forward norm"),
+        mlp_norm=mlp_norm,
         final_norm=None if lm.final_ln_tpl is None else _norm(lm.final_ln_tpl, "the final norm"),
         positions=positions, max_positions=max_positions,
         rope_min_timescale=rope_min, rope_max_timescale=rope_max,
-        activation=_activation(ffn.activation_tpl, "the feed-forward activation"),
-        gated_mlp=bool(ffn.use_gated_activation), attention_bias=bool(atten.use_bias),
-        mlp_bias=bool(ffn.has_bias), unembed_bias=bool(softmax.feed_forward_tpl.has_bias),
+        activation=activation,
+        # experts are gated and bias-free (layers/moe.py)
+        gated_mlp=True if dense is None else bool(dense.use_gated_activation),
+        attention_bias=bool(atten.use_bias),
+        mlp_bias=False if dense is None else bool(dense.has_bias),
+        unembed_bias=bool(softmax.feed_forward_tpl.has_bias),
         tied_embedding=tied,
         embedding_scale=embedding_scale, query_scale=query_scale, repeated=repeated,
         fprop_dtype=jnp.dtype(model.fprop_dtype).name, stack_layout=layout,
+        experts=experts, moe_layers=moe_layers,
     )
 
 
@@ -175,7 +215,8 @@ def _dims_per_head(block) -> int:
 
 def _decoder_layers(stack):
     """(layout, repeated, the stack of one block, its layer template) of a decoder stack
-    whose layers are all one plain pre-norm causal transformer layer."""
+    whose layers are all one plain pre-norm causal transformer layer (but for their
+    feed-forward: a mixture of experts in some, _feed_forwards)."""
     try:
         layout = layer_layout.of_stack(stack)
     except layer_layout.LayoutMismatch as error:
@@ -184,12 +225,10 @@ def _decoder_layers(stack):
         stack = stack.pipeline_stage  # each stage's layers: the maths of the plain stack
     repeated = issubclass(_cls(stack), transformers.StackedTransformerRepeated)
     block = stack.block if repeated else stack
-    _require(not repeated or block.num_layers == 1, "the repeated block has several layers")
     _require(_cls(block) is transformers.StackedTransformer,
              f"the layer stack is {_cls(block).__name__}")
     _require(block.mask_self_attention, "self-attention is not causal (mask_self_attention)")
     _require(not block.use_cross_attention, "the layers have cross-attention")
-    _require(not block.num_experts, "the layers are mixture-of-experts")
     _require(not block.ngrammer_tpls, "the layers have n-grammers")
     layer = transformer_layer_template(stack)
     _require(not isinstance(layer, (list, tuple)), "the layers differ from one another")
@@ -244,6 +283,47 @@ def _positions(lm, atten):
         positions, max_positions = "learned", lm.position_emb_tpl.max_seq_length
     _require(positions is not None, "the model has no position information")
     return positions, max_positions, rope_min, rope_max
+
+
+def _feed_forwards(block, layer, num_layers: int):
+    """(the dense feed-forward template, None when every layer is a mixture; the mixture
+    of experts' template, None without one; the mixture's layers) of a decoder whose
+    layers share `layer`. praxis puts a mixture in every layer as the layer's feed-forward,
+    or in the `moe_layers` of each stack `block` (every Nth layer: layers/moe.py's
+    with_experts; a repeated stack scans blocks of N layers)."""
+    ffn = layer.tr_fflayer_tpl
+    if _is_mixture(ffn):
+        _require(not block.moe_layers, "the layers have two mixture-of-experts templates")
+        return None, ffn, tuple(range(num_layers))
+    _check_feed_forward(ffn)
+    if not block.moe_layers:
+        return ffn, None, ()
+    slots = set(block.moe_layers)  # of the block's layers; the block repeats down the stack
+    return ffn, block.moe_layer_tpl, tuple(
+        i for i in range(num_layers) if i % block.num_layers in slots)
+
+
+def _is_mixture(ffn) -> bool:
+    return issubclass(_cls(ffn), (moe.MoeFeedForward, transformers.TransformerFeedForwardMoe))
+
+
+def _experts(mixture, block) -> Experts:
+    """The Experts of a MoeFeedForward template; praxis's StackedTransformer sets
+    `num_experts` on the templates of its moe_layers from its own."""
+    cls = _cls(mixture)
+    _require(not issubclass(cls, transformers.TransformerFeedForwardMoe),
+             f"the mixture of experts is praxis's GShard {cls.__name__} (Pax's GLaM), which "
+             f"the cached decoder does not reproduce; layers/moe.py's MoeFeedForward it does")
+    _require(cls is moe.MoeFeedForward, f"the mixture of experts is {cls.__name__}")
+    _require(mixture.add_skip_connection, "the mixture of experts has no residual connection")
+    return Experts(
+        num_experts=int(block.num_experts if block.moe_layers else mixture.num_experts),
+        per_token=int(mixture.num_experts_per_token),
+        hidden_dims=int(mixture.expert_hidden_dims),
+        renormalize=bool(mixture.renormalize_top_k),
+        shared_hidden_dims=int(mixture.shared_hidden_dims),
+        gate_shared_expert=bool(mixture.shared_hidden_dims and mixture.gate_shared_expert),
+        load_balancing_weight=float(mixture.load_balancing_weight))
 
 
 def _check_feed_forward(ffn) -> None:
@@ -308,14 +388,26 @@ def _attention_weights(params: dict, arch: Architecture, out: dict) -> None:
         out["o_bias"] = params["post"]["b"]
 
 
-def _layer_weights(params: dict, arch: Architecture) -> dict:
+# A mixture's weights: canonical name -> MoeFeedForward's (router [D, E], expert_gate and
+# expert_up [E, D, F], expert_down [E, F, D]; a shared expert's [D, Fs], [D, Fs], [Fs, D]
+# and its gate [D, 1]).
+_EXPERT_WEIGHTS = {"router": "router", "expert_gate": "wi_gate", "expert_up": "wi_up",
+                   "expert_down": "wo", "shared_gate": "shared_gate", "shared_up": "shared_up",
+                   "shared_down": "shared_down", "shared_expert_gate": "shared_expert_gate"}
+
+
+def _layer_weights(params: dict, arch: Architecture, mixture: bool) -> dict:
     """One layer's canonical weights: attention_norm {scale, bias?}, q/k/v [D, heads, H]
-    (+ _bias [heads, H]), o [D, N, H] (+ o_bias [D]), mlp_norm, up [D, F], gate [D, F]
-    (gated only), down [F, D] (+ _bias)."""
+    (+ _bias [heads, H]), o [D, N, H] (+ o_bias [D]), mlp_norm, and either up [D, F], gate
+    [D, F] (gated only), down [F, D] (+ _bias), or, in a mixture layer, _EXPERT_WEIGHTS."""
     out = {"attention_norm": _norm_weights(params["layer_norm"], arch.attention_norm)}
     _attention_weights(params["self_attention"], arch, out)
     ff = params["ff_layer"]
     out["mlp_norm"] = _norm_weights(ff["layer_norm"], arch.mlp_norm)
+    if mixture:
+        out.update({name: ff[praxis_name] for name, praxis_name in _EXPERT_WEIGHTS.items()
+                    if praxis_name in ff})
+        return out
     _linear(ff, "ffn_layer1", out, "up")
     if arch.gated_mlp:  # praxis applies the activation to ffn_layer1_gate, not ffn_layer1
         _linear(ff, "ffn_layer1_gate", out, "gate")
@@ -338,7 +430,8 @@ def canonical_weights(params: dict, arch: Architecture) -> dict:
     if arch.final_norm is not None:
         out["final_norm"] = _norm_weights(lm["final_ln"], arch.final_norm)
     per_layer = layer_layout.to_layers(lm["transformer"], arch.layout)
-    out["layers"] = [_layer_weights(p, arch) for p in per_layer]
+    out["layers"] = [_layer_weights(p, arch, i in arch.moe_layers)
+                     for i, p in enumerate(per_layer)]
     return out
 
 
@@ -449,11 +542,15 @@ def _praxis_layer(layer: dict, arch: Architecture, like: dict) -> dict:
     attention["post"] = {"w": layer["o"]}
     if "o_bias" in layer:
         attention["post"]["b"] = layer["o_bias"]
-    ff = {"layer_norm": _praxis_norm(layer["mlp_norm"], arch.mlp_norm),
-          "ffn_layer1": _praxis_linear(layer, "up"),
-          "ffn_layer2": _praxis_linear(layer, "down")}
-    if "gate" in layer:
-        ff["ffn_layer1_gate"] = _praxis_linear(layer, "gate")
+    ff = {"layer_norm": _praxis_norm(layer["mlp_norm"], arch.mlp_norm)}
+    if "router" in layer:  # a mixture layer
+        ff.update({praxis_name: layer[name] for name, praxis_name in _EXPERT_WEIGHTS.items()
+                   if name in layer})
+    else:
+        ff["ffn_layer1"] = _praxis_linear(layer, "up")
+        ff["ffn_layer2"] = _praxis_linear(layer, "down")
+        if "gate" in layer:
+            ff["ffn_layer1_gate"] = _praxis_linear(layer, "gate")
     return {"layer_norm": _praxis_norm(layer["attention_norm"], arch.attention_norm),
             "self_attention": attention, "ff_layer": ff}
 

@@ -7,6 +7,12 @@ it keeps its cache in flax variable collections driven step by step from Python,
 DESIGN.md lists its multi-query decoding among what newer jax broke; here prefill and
 every step run as one jitted loop (runner/inference/generate.py).
 
+A mixture-of-experts layer (layers/moe.py) routes each token as praxis does (moe.route:
+softmax over all experts in float32, top k, renormalised if the model does) and runs
+every expert on every token, weighting each output by the token's routing weight (zero
+for the experts it did not choose): E / k times the routed work, which decoding's few
+tokens can afford, and no sorting or grouping to get wrong.
+
 Slots and positions: the cache holds S slots per row. Prompts of one batch are left-padded
 to a common length, so row b's tokens start at slot `first_slot[b]`, and a token's position
 (its learned-table row or RoPE angle) is its slot minus `first_slot[b]`: every sequence
@@ -17,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from layers.architecture import Architecture, Norm
+from layers.moe import route
 
 # Added to masked attention logits; finite, so a row that attends to nothing (a padding
 # query) gives a uniform softmax instead of NaN. As praxis's py_utils.get_large_negative_number.
@@ -114,6 +121,36 @@ def _mlp(x, layer: dict, arch: Architecture):
     return x + _dense(hidden, layer, "down")
 
 
+def _mixture(x, layer: dict, arch: Architecture):
+    """x + the mixture of experts of norm(x), x [B, T, D] (see the module docstring)."""
+    experts = arch.experts
+    h = _norm(x, layer["mlp_norm"], arch.mlp_norm)
+    activation = _ACTIVATIONS[arch.activation]
+    logits = jnp.einsum("btd,de->bte", h.astype(jnp.float32),
+                        layer["router"].astype(jnp.float32))
+    gates, chosen, _ = route(logits, experts.per_token, experts.renormalize)  # [B, T, k]
+    combine = jnp.sum(jax.nn.one_hot(chosen, experts.num_experts, dtype=jnp.float32)
+                      * gates[..., None], axis=-2)  # [B, T, E]
+
+    def expert(total, one):
+        gate, up, down, share = one
+        out = (activation(h @ gate) * (h @ up)) @ down  # [B, T, D]
+        return total + share[..., None] * out.astype(jnp.float32), None
+
+    # One expert at a time (a scan): memory for one expert's hidden layer, not E.
+    out, _ = jax.lax.scan(expert, jnp.zeros(x.shape, jnp.float32), (
+        layer["expert_gate"], layer["expert_up"], layer["expert_down"],
+        jnp.moveaxis(combine, -1, 0)))
+    out = out.astype(x.dtype)
+    if experts.shared_hidden_dims:
+        shared = (activation(h @ layer["shared_gate"]) * (h @ layer["shared_up"])
+                  ) @ layer["shared_down"]
+        if experts.gate_shared_expert:
+            shared = shared * jax.nn.sigmoid(h @ layer["shared_expert_gate"])
+        out = out + shared
+    return x + out
+
+
 def forward(arch: Architecture, weights: dict, tokens, positions, cache: list[dict], start,
             first_slot):
     """Run tokens [B, T] that occupy cache slots start .. start+T-1, at positions [B, T].
@@ -133,9 +170,9 @@ def forward(arch: Architecture, weights: dict, tokens, positions, cache: list[di
     allowed = ((key_slot[None, None, :] <= query_slot[None, :, None])
                & (key_slot[None, None, :] >= first_slot[:, None, None]))  # [B, T, S]
     new_cache = []
-    for layer, layer_cache in zip(weights["layers"], cache, strict=True):
+    for i, (layer, layer_cache) in enumerate(zip(weights["layers"], cache, strict=True)):
         x, layer_cache = _attention(x, layer, layer_cache, arch, positions, start, allowed)
-        x = _mlp(x, layer, arch)
+        x = _mixture(x, layer, arch) if i in arch.moe_layers else _mlp(x, layer, arch)
         new_cache.append(layer_cache)
     if arch.final_norm is not None:
         x = _norm(x, weights["final_norm"], arch.final_norm)

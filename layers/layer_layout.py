@@ -4,6 +4,7 @@ praxis stores the same L transformer layers in several layouts (`params['lm']['t
 
     plain       StackedTransformer              x_layers_{i}/...                    i < L
     repeated    StackedTransformerRepeated      repeat/sub/x_layers_0/...           [L, ...]
+                a block of N layers per repeat: repeat/sub/x_layers_{j}/...         [L/N, ...]
     pipelined   PipelinedTransformer, stage body plain:
                                                 pipeline/body/x_layers_{i}/...      [S, ...]
                 stage body repeated:            pipeline/body/repeat/sub/x_layers_0 [S, K, ...]
@@ -13,7 +14,9 @@ praxis stores the same L transformer layers in several layouts (`params['lm']['t
 
 with K = L / (R * S) layers per stage body (i < K when the body is plain). Layer
 `r*S*K + s*K + i` sits at repeat r, stage s, body slot i: a microbatch runs stage 0..S-1
-with repeat 0, then every stage again with repeat 1, and so on. This order was measured,
+with repeat 0, then every stage again with repeat 1, and so on. A repeated body whose
+scanned block holds N layers (layers/moe.py's mixture every Nth layer: the block's layers
+differ) stores body slot i at x_layers_{i % N}, index i // N. This order was measured,
 not read off praxis: tests/test_layer_layout.py checks that a pipelined model given a
 plain model's layers in this order computes the plain model's loss.
 
@@ -35,7 +38,7 @@ import numpy as np
 from praxis.layers import transformers
 
 STACK_PATH = ("lm", "transformer")  # where the stack sits in a LanguageModel's params
-_REPEATED_BODY = ("repeat", "sub", "x_layers_0")
+_REPEAT = ("repeat", "sub")  # a repeated stack's block: x_layers_{j} below it
 _PIPELINE = ("pipeline", "body")
 
 
@@ -49,6 +52,7 @@ class StackLayout:
     repeated: bool = False  # layers stacked on a leading axis (StackedTransformerRepeated)
     stages: int | None = None  # pipeline stages; None: not pipelined
     circular_repeat: int = 1  # > 1 only when pipelined
+    block: int = 1  # layers in one scanned block of a repeated stack (> 1 only when repeated)
 
     def __post_init__(self):
         units = (self.stages or 1) * self.circular_repeat
@@ -57,6 +61,10 @@ class StackLayout:
                                  f"{self.stages} stages x {self.circular_repeat} repeats")
         if self.stages is None and self.circular_repeat != 1:
             raise LayoutMismatch("a circular repeat without pipeline stages")
+        if self.block < 1 or (self.block > 1 and not self.repeated) or (
+                self.num_layers // units) % self.block:
+            raise LayoutMismatch(f"{self.num_layers // units} layers per stage do not split "
+                                 f"into repeated blocks of {self.block}")
 
     @property
     def pipelined(self) -> bool:
@@ -72,13 +80,13 @@ class StackLayout:
         """The leading axes every stored leaf has before the per-layer shape."""
         return (((self.circular_repeat,) if self.circular_repeat > 1 else ())
                 + ((self.stages,) if self.pipelined else ())
-                + ((self.per_stage,) if self.repeated else ()))
+                + ((self.per_stage // self.block,) if self.repeated else ()))
 
     def body_paths(self) -> list[tuple[str, ...]]:
         """The subtrees of the stack that hold layers, each with lead_shape leading axes."""
         prefix = _PIPELINE if self.pipelined else ()
         if self.repeated:
-            return [prefix + _REPEATED_BODY]
+            return [prefix + _REPEAT + (f"x_layers_{j}",) for j in range(self.block)]
         return [prefix + (f"x_layers_{i}",) for i in range(self.per_stage)]
 
     def locate(self, layer: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -88,20 +96,23 @@ class StackLayout:
         r, rest = divmod(layer, s * k)
         stage, i = divmod(rest, k)
         index = (((r,) if self.circular_repeat > 1 else ())
-                 + ((stage,) if self.pipelined else ()) + ((i,) if self.repeated else ()))
+                 + ((stage,) if self.pipelined else ())
+                 + ((i // self.block,) if self.repeated else ()))
         prefix = _PIPELINE if self.pipelined else ()
-        path = prefix + (_REPEATED_BODY if self.repeated else (f"x_layers_{i}",))
-        return path, index
+        slot = (_REPEAT + (f"x_layers_{i % self.block}",)) if self.repeated else (
+            f"x_layers_{i}",)
+        return prefix + slot, index
 
     def __str__(self) -> str:
         """'4 layers', '4 repeated layers', '4 layers as 2 stages x 2', '8 layers as 2
-        circular repeats x 2 stages x 2 repeated'."""
+        circular repeats x 2 stages x 2 repeated', '4 repeated layers in blocks of 2'."""
+        blocks = f" in blocks of {self.block}" if self.block > 1 else ""
         if not self.pipelined:
-            return f"{self.num_layers} {'repeated ' if self.repeated else ''}layers"
+            return f"{self.num_layers} {'repeated ' if self.repeated else ''}layers{blocks}"
         parts = ([f"{self.circular_repeat} circular repeats"] if self.circular_repeat > 1
                  else []) + [f"{self.stages} stages", str(self.per_stage)]
         return (f"{self.num_layers} layers as {' x '.join(parts)}"
-                + (" repeated" if self.repeated else ""))
+                + (" repeated" if self.repeated else "") + blocks)
 
 
 
@@ -109,19 +120,19 @@ class StackLayout:
 
 
 def of_stack(stack) -> StackLayout:
-    """The layout of a layer stack config (StackedTransformer, StackedTransformerRepeated
-    with one layer per repeat, or a PipelinedTransformer around either)."""
+    """The layout of a layer stack config (StackedTransformer, StackedTransformerRepeated,
+    or a PipelinedTransformer around either)."""
     cls = fdl.get_callable(stack)
     if issubclass(cls, transformers.PipelinedTransformer):
         body = of_stack(stack.pipeline_stage)
         if body.pipelined:
             raise LayoutMismatch("a pipeline inside a pipeline stage")
         stages, repeat = int(stack.num_pipeline_stages), int(stack.circular_repeat)
-        return StackLayout(body.num_layers * stages * repeat, body.repeated, stages, repeat)
+        return StackLayout(body.num_layers * stages * repeat, body.repeated, stages, repeat,
+                           body.block)
     if issubclass(cls, transformers.StackedTransformerRepeated):
-        if stack.block.num_layers != 1:
-            raise LayoutMismatch("a repeated block of several layers")
-        return StackLayout(int(stack.x_times), repeated=True)
+        block = int(stack.block.num_layers)
+        return StackLayout(int(stack.x_times) * block, repeated=True, block=block)
     if issubclass(cls, transformers.StackedTransformer):
         return StackLayout(int(stack.num_layers))
     raise LayoutMismatch(f"the layer stack is {cls.__name__}")
@@ -145,14 +156,14 @@ def from_shapes(shapes: Mapping[str, tuple], prefix: str = "/".join(STACK_PATH)
         return None
     pipelined = all(k.startswith("pipeline/body/") for k in stack)
     body = {k[len("pipeline/body/"):]: v for k, v in stack.items()} if pipelined else stack
-    repeated = all(k.startswith("repeat/sub/x_layers_0/") for k in body)
+    repeat = "/".join(_REPEAT) + "/"
+    repeated = all(k.startswith(repeat) for k in body)
     if repeated:
-        slots = 1
-    else:
-        names = {k.split("/", 1)[0] for k in body}
-        slots = len(names)
-        if names != {f"x_layers_{i}" for i in range(slots)}:
-            return None
+        body = {k[len(repeat):]: v for k, v in body.items()}
+    names = {k.split("/", 1)[0] for k in body}
+    slots = len(names)  # plain: layers per stage; repeated: layers per scanned block
+    if names != {f"x_layers_{i}" for i in range(slots)}:
+        return None
     leading = min(len(shape) for shape in body.values()) - 1
     lead = next(shape[:leading] for shape in body.values() if len(shape) == leading + 1)
     if any(shape[:leading] != lead for shape in body.values()):
@@ -165,9 +176,10 @@ def from_shapes(shapes: Mapping[str, tuple], prefix: str = "/".join(STACK_PATH)
     else:
         return None
     stages = lead[int(circular > 1)] if pipelined else None
-    per_stage = lead[-1] if repeated else slots
+    per_stage = lead[-1] * slots if repeated else slots
     try:
-        return StackLayout(per_stage * (stages or 1) * circular, repeated, stages, circular)
+        return StackLayout(per_stage * (stages or 1) * circular, repeated, stages, circular,
+                           slots if repeated else 1)
     except LayoutMismatch:
         return None
 
@@ -217,6 +229,12 @@ def to_layers(stack, layout: StackLayout) -> list:
     expected = {path[len(_PIPELINE) if layout.pipelined else 0] for path in paths}
     if names != expected or (layout.pipelined and set(stack) != {_PIPELINE[0]}):
         raise LayoutMismatch(f"the stack is not {layout}: it holds {sorted(names)[:3]}")
+    if layout.repeated:  # the scanned block holds exactly the layout's layers
+        block = _get(body, _REPEAT, "the stack")
+        held = set(block) if isinstance(block, Mapping) else set()
+        if held != {path[-1] for path in paths}:
+            raise LayoutMismatch(f"the stack is not {layout}: its repeated block holds "
+                                 f"{sorted(held)[:3]}")
     layers = []
     for layer in range(layout.num_layers):
         path, index = layout.locate(layer)

@@ -265,8 +265,9 @@ GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=256,
      'config.json activation_function="relu": Paxloom\'s GPT uses the tanh-approximated '
      "GELU (gelu_new)"),
     (dict(LLAMA, model_type="mistral"),
-     'config.json model_type="mistral": Paxloom imports gpt2 (GPT2LMHeadModel) and llama '
-     "(LlamaForCausalLM) models"),
+     'config.json model_type="mistral": Paxloom imports gpt2 (GPT2LMHeadModel), llama '
+     "(LlamaForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) "
+     "models"),
 ], ids=["rope_scaling", "llama3_rope", "attention_bias", "llama_gelu", "untied_gpt2",
         "layer_idx_scaling", "gpt2_relu", "mistral"])
 def test_what_paxloom_does_not_model_is_refused_in_one_line(config, message, tmp_path):

@@ -13,6 +13,7 @@ from praxis.layers import normalizations
 from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import moe
+from runner.training import throughput
 from tests.support.processes import assert_one_line, run_main
 from tests.support.training import make_trainer, train_losses
 
@@ -302,3 +303,18 @@ def test_main_refuses_an_uneven_expert_split_in_one_line(tmp_path):
     out = run_main("--fdl_config=experiments.MixtralTiny", "--fdl.NUM_EXPERTS=5",
                    f"--job_log_dir={tmp_path}")
     assert_one_line(out, "NUM_EXPERTS=5 does not split over the 2-way EXPERT_AXIS='data'")
+
+
+def test_flops_count_the_experts_a_token_uses(tmp_path):
+    """MFU's N (runner/training/throughput.py): each expert weight counts k/E of its size."""
+    trainer = make_trainer(tmp_path, experiment=LlamaBase, ICI_MESH_SHAPE=[1, 8, 1], **MOE)
+    params = trainer.abstract_state["params"]
+    every = throughput.matmul_param_count(params)
+    layers = params["lm"]["transformer"]
+    experts = sum(layers[f"x_layers_{i}"]["ff_layer"][name].size
+                  for i in range(2) for name in ("wi_gate", "wi_up", "wo"))
+    assert experts == 2 * 3 * 8 * 64 * 32
+    active = every - experts + experts * 2 // 8
+    assert throughput.matmul_param_count(params, expert_share=2 / 8) == active
+    assert trainer.flops_per_token == throughput.flops_per_token(
+        num_params=active, num_layers=2, num_heads=8, dims_per_head=8, seq_len=64)

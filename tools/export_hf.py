@@ -3,8 +3,10 @@
     python -m tools.export_hf --job_log_dir=runs/tiny-DATE --output=hf/tiny [--step=N]
 
 The GPT family (layers/gpt.py) becomes a `GPT2LMHeadModel`, the Llama family
-(layers/llama.py) a `LlamaForCausalLM`; the target follows from the model itself
-(learned positions and LayerNorm, or rotary positions and RMSNorm). The directory holds
+(layers/llama.py) a `LlamaForCausalLM`, or with a mixture of experts (layers/moe.py) a
+`MixtralForCausalLM` (every layer, renormalised top-k) or a `Qwen2MoeForCausalLM` (a
+gated shared expert, mixtures every Nth layer); the target follows from the model itself
+(learned positions and LayerNorm, or rotary positions and RMSNorm, and its experts). The directory holds
 config.json, model.safetensors (float32, as trained) and, for a model trained on text,
 the run's own tokenizer (its graph's `tokenizer` node, the object training encoded with) as
 tokenizer files that encode exactly as training did (tools/hf_tokenizer.py): a

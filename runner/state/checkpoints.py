@@ -222,8 +222,10 @@ def stack_layouts(directory: str, step: int, saved_params, abstract_params
     known there). UserError, one line naming both, when the layer counts differ."""
     saved = layer_layout.from_shapes(flat_params(saved_params))
     mine = layer_layout.from_shapes(flat_params(abstract_params))
-    if saved is None or mine is None or (saved.repeated, saved.stages, saved.circular_repeat
-                                         ) == (mine.repeated, mine.stages, mine.circular_repeat):
+    def how(layout):  # how the layers are stored, whatever they hold
+        return layout.repeated, layout.block, layout.stages, layout.circular_repeat
+
+    if saved is None or mine is None or how(saved) == how(mine):
         return None
     if saved.num_layers != mine.num_layers:
         raise UserError(f"checkpoint {os.path.join(directory, str(step))} holds {saved}; this "

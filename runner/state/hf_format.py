@@ -1,6 +1,8 @@
 """Hugging Face `transformers` checkpoints, both ways: the names, configs and tensor layouts
-of GPT2LMHeadModel (the GPT family, layers/gpt.py) and LlamaForCausalLM (the Llama family,
-layers/llama.py).
+of GPT2LMHeadModel (the GPT family, layers/gpt.py) and of the Llama family's classes
+(layers/llama.py): LlamaForCausalLM, and with a mixture of experts (layers/moe.py)
+MixtralForCausalLM or Qwen2MoeForCausalLM, which share Llama's names for everything
+but the feed-forward.
 
 Export (tools/export_hf.py): `check_representable`, then `gpt2_config`/`llama_config` and
 `gpt2_tensors`/`llama_tensors` from layers/architecture.py's canonical weights.
@@ -16,7 +18,13 @@ layers/architecture.py's `praxis_params`, the inverse of `canonical_weights`.
 Both directions translate the same conventions: Conv1D [in, out] and Linear [out, in]
 weights, GPT-2's combined q | k | v, praxis's query scale folded into the query weights
 where it differs from the target's 1/sqrt(head dim) (`query_fold`), norm scales as
-multipliers (praxis stores offsets from 1).
+multipliers (praxis stores offsets from 1), experts as one Linear each (save_pretrained's
+layout; transformers 5's fused gate_up_proj is read too).
+
+Qwen3-MoE is refused: it normalises each head's queries and keys before RoPE (q_norm,
+k_norm), which Paxloom's Llama does not build. Hugging Face adds one load-balancing loss
+over all mixture layers' tokens (router_aux_loss_coef), Paxloom one per mixture layer
+(LOAD_BALANCING_WEIGHT): the coefficient maps divided by the number of mixture layers.
 """
 
 import contextlib
@@ -35,6 +43,16 @@ from runner.state.checkpoints import flat_params
 
 GPT2 = "GPT2LMHeadModel"
 LLAMA = "LlamaForCausalLM"
+MIXTRAL = "MixtralForCausalLM"
+QWEN2_MOE = "Qwen2MoeForCausalLM"
+# config.json model_type -> the class whose names the checkpoint uses
+CLASSES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE}
+# Where each mixture class keeps its experts: the layer's module, then the names of each
+# expert's gate, up and down projections (torch Linear, [out, in]).
+_EXPERT_NAMES = {MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
+                 QWEN2_MOE: ("mlp", "gate_proj", "up_proj", "down_proj")}
+_SHARED_EXPERT = (("gate_proj", "shared_gate"), ("up_proj", "shared_up"),
+                  ("down_proj", "shared_down"))
 # Paxloom activation name -> transformers' ACT2FN name.
 HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "silu": "silu", "relu": "relu"}
 # transformers' names of the tanh-approximated GELU, the one Paxloom's GPT uses: the same
@@ -46,8 +64,23 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
 def target(arch: Architecture) -> str:
-    """The transformers class a model exports to: learned positions make a GPT-2."""
-    return GPT2 if arch.positions == "learned" else LLAMA
+    """The transformers class a model exports to: learned positions make a GPT-2, rotary
+    ones a Llama; a mixture of experts a Mixtral, or a Qwen2-MoE with a shared expert."""
+    if arch.positions == "learned":
+        return GPT2
+    if arch.experts is None:
+        return LLAMA
+    return QWEN2_MOE if arch.experts.shared_hidden_dims else MIXTRAL
+
+
+def moe_interval(arch: Architecture) -> int | None:
+    """N when the mixture layers are the last of every N (MOE_LAYER_INTERVAL, Qwen's
+    decoder_sparse_step); None without a mixture or when they follow no such pattern."""
+    if not arch.moe_layers:
+        return None
+    n = arch.num_layers // len(arch.moe_layers)
+    every = tuple(i for i in range(arch.num_layers) if (i + 1) % n == 0)
+    return n if every == arch.moe_layers else None
 
 
 def check_representable(arch: Architecture, target: str, importing: bool = False) -> None:
@@ -80,6 +113,22 @@ def check_representable(arch: Architecture, target: str, importing: bool = False
             (arch.rope_min_timescale != 1.0,
              f"Llama's RoPE has no minimum timescale ({arch.rope_min_timescale:g})"),
         ]
+    if target == MIXTRAL:
+        problems += [
+            (arch.attention_bias or arch.mlp_bias, "Mixtral has no biases"),
+            (len(arch.moe_layers) != arch.num_layers,
+             "every Mixtral layer is a mixture of experts (MOE_LAYER_INTERVAL=1)"),
+            (not arch.experts.renormalize,
+             "Mixtral renormalises its top-k router weights (MOE_RENORMALIZE=True)"),
+        ]
+    if target == QWEN2_MOE:
+        problems += [
+            (arch.attention_bias or arch.mlp_bias, "Qwen2-MoE's only biases are q, k and v's"),
+            (moe_interval(arch) is None,
+             "Qwen2-MoE's mixture layers are the last of every N (decoder_sparse_step)"),
+            (not arch.experts.gate_shared_expert,
+             "Qwen2-MoE gates its shared expert (MOE_SHARED_EXPERT_GATE=True)"),
+        ]
     action = f"import {target} exactly into the run's model" if importing else (
         f"export to {target} exactly")
     for failed, what in problems:
@@ -110,7 +159,8 @@ def gpt2_config(arch: Architecture) -> dict:
 
 
 def llama_config(arch: Architecture, max_seq_len: int) -> dict:
-    return {
+    """The config of the Llama family's class `target(arch)`."""
+    config = {
         "model_type": "llama",
         "vocab_size": arch.vocab_size,
         "hidden_size": arch.model_dims,
@@ -128,6 +178,28 @@ def llama_config(arch: Architecture, max_seq_len: int) -> dict:
         "mlp_bias": arch.mlp_bias,
         "tie_word_embeddings": arch.tied_embedding,
     }
+    kind = target(arch)
+    if kind == LLAMA:
+        return config
+    experts = arch.experts
+    del config["attention_bias"], config["mlp_bias"]  # neither class has these keys
+    config.update(
+        num_experts_per_tok=experts.per_token,
+        # one loss over every mixture layer's tokens, where Paxloom adds one per layer
+        router_aux_loss_coef=experts.load_balancing_weight * len(arch.moe_layers))
+    if kind == MIXTRAL:
+        config.update(model_type="mixtral", intermediate_size=experts.hidden_dims,
+                      num_local_experts=experts.num_experts, sliding_window=None,
+                      router_jitter_noise=0.0)
+        return config
+    # transformers before 5 gives Qwen2-MoE q, k and v biases whatever the config says:
+    # qkv_bias, with zero biases (llama_tensors), reads the same in every version.
+    config.update(model_type="qwen2_moe", moe_intermediate_size=experts.hidden_dims,
+                  shared_expert_intermediate_size=experts.shared_hidden_dims,
+                  num_experts=experts.num_experts, norm_topk_prob=experts.renormalize,
+                  decoder_sparse_step=moe_interval(arch), mlp_only_layers=[], qkv_bias=True,
+                  use_sliding_window=False)
+    return config
 
 
 def query_fold(arch: Architecture) -> float:
@@ -178,9 +250,12 @@ def gpt2_tensors(arch: Architecture, weights: dict) -> dict:
 
 
 def llama_tensors(arch: Architecture, weights: dict) -> dict:
-    """LlamaForCausalLM's tensors from canonical weights (layers/architecture.py)."""
+    """The tensors of the Llama family's class `target(arch)` (LlamaForCausalLM,
+    MixtralForCausalLM, Qwen2MoeForCausalLM) from canonical weights
+    (layers/architecture.py)."""
     d = arch.model_dims
     fold = query_fold(arch)
+    kind = target(arch)
     tensors = {"model.embed_tokens.weight": weights["embed"],
                "model.norm.weight": weights["final_norm"]["scale"]}
     if not arch.tied_embedding:
@@ -195,13 +270,36 @@ def llama_tensors(arch: Architecture, weights: dict) -> dict:
             if arch.attention_bias:
                 tensors[prefix + f"self_attn.{name}_proj.bias"] = (
                     layer[f"{name}_bias"].reshape(-1) * (fold if name == "q" else 1))
+        if kind == QWEN2_MOE:  # qkv_bias (llama_config): zeros
+            for name, w in (("q", layer["q"]), ("k", layer["k"]), ("v", layer["v"])):
+                tensors[prefix + f"self_attn.{name}_proj.bias"] = np.zeros(
+                    w.shape[1] * w.shape[2], np.float32)
         tensors[prefix + "self_attn.o_proj.weight"] = layer["o"].reshape(d, -1)  # [D, N*H]
         if arch.attention_bias:
             tensors[prefix + "self_attn.o_proj.bias"] = layer["o_bias"]
+        if i in arch.moe_layers:
+            tensors.update(_expert_tensors(layer, prefix, kind))
+            continue
         for hf_name, name in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
             tensors[prefix + f"mlp.{hf_name}.weight"] = layer[name].T
             if arch.mlp_bias:
                 tensors[prefix + f"mlp.{hf_name}.bias"] = layer[f"{name}_bias"]
+    return tensors
+
+
+def _expert_tensors(layer: dict, prefix: str, kind: str) -> dict:
+    """A mixture layer's tensors in class `kind`, one Linear per expert as save_pretrained
+    writes them."""
+    module, gate, up, down = _EXPERT_NAMES[kind]
+    p = f"{prefix}{module}."
+    tensors = {p + "gate.weight": layer["router"].T}  # router [D, E] -> Linear [E, D]
+    for e in range(layer["router"].shape[1]):
+        for hf_name, name in ((gate, "expert_gate"), (up, "expert_up"), (down, "expert_down")):
+            tensors[f"{p}experts.{e}.{hf_name}.weight"] = layer[name][e].T
+    if "shared_gate" in layer:
+        for hf_name, name in _SHARED_EXPERT:
+            tensors[f"{p}shared_expert.{hf_name}.weight"] = layer[name].T
+        tensors[p + "shared_expert_gate.weight"] = layer["shared_expert_gate"].T  # [1, D]
     return tensors
 
 
@@ -338,6 +436,58 @@ def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
     ]
 
 
+def _moe_fields(config: dict, model_type: str) -> list[tuple[str, str, object]]:
+    """(Paxloom hyperparameter, config.json key, value) of a Mixtral or Qwen2-MoE mixture
+    of experts (the Llama fields describe the rest). Keys in parentheses name what the
+    class itself fixes."""
+    layers = _required(config, "num_hidden_layers")
+    why_window = "Paxloom's attention sees the whole context (no sliding window)"
+    if model_type == "mixtral":
+        rules = [("sliding_window", None, lambda v: v is None, why_window),
+                 ("router_jitter_noise", 0.0, lambda v: not v,
+                  "Paxloom's router has no jitter noise")]
+        experts = ("num_local_experts", _required(config, "num_local_experts"))
+        per_token = config.get("num_experts_per_tok", 2)  # transformers' defaults
+        hidden = ("intermediate_size", _required(config, "intermediate_size"))
+        interval, renormalize = ("(mixtral: every layer)", 1), ("(mixtral: renormalised)", True)
+        shared, gated = ("(mixtral: no shared expert)", 0), ("(mixtral: no shared expert)", False)
+    else:
+        rules = [("use_sliding_window", False, lambda v: v is False, why_window)]
+        experts = ("num_experts", _required(config, "num_experts"))
+        per_token = config.get("num_experts_per_tok", 4)
+        hidden = ("moe_intermediate_size", _required(config, "moe_intermediate_size"))
+        step = config.get("decoder_sparse_step", 1)
+        if not isinstance(step, int) or step < 1 or layers % step:
+            _refuse("decoder_sparse_step", step, f"Paxloom's mixture layers are the last of "
+                    f"every MOE_LAYER_INTERVAL, which must divide num_hidden_layers={layers}")
+        only = config.get("mlp_only_layers") or []
+        if any(not isinstance(i, int) or (i + 1) % step == 0 for i in only):
+            _refuse("mlp_only_layers", only, f"Paxloom's mixture layers are exactly the last "
+                    f"of every decoder_sparse_step={step} (MOE_LAYER_INTERVAL)")
+        interval = ("decoder_sparse_step", step)
+        renormalize = ("norm_topk_prob", bool(config.get("norm_topk_prob", False)))
+        width = _required(config, "shared_expert_intermediate_size")
+        shared, gated = ("shared_expert_intermediate_size", width), ("(qwen2_moe: gated)", width > 0)
+    for key, default, ok, why in rules:
+        value = config.get(key, default)
+        if not ok(value):
+            _refuse(key, value, why)
+    if not experts[1]:
+        _refuse(experts[0], experts[1], "a mixture of experts needs experts")
+    coefficient = float(config.get("router_aux_loss_coef", 0.001))
+    return [
+        ("NUM_EXPERTS", *experts),
+        ("NUM_EXPERTS_PER_TOKEN", "num_experts_per_tok", per_token),
+        ("MOE_HIDDEN_DIMS", *hidden),
+        ("MOE_LAYER_INTERVAL", *interval),
+        ("MOE_RENORMALIZE", *renormalize),
+        ("MOE_SHARED_HIDDEN_DIMS", *shared),
+        ("MOE_SHARED_EXPERT_GATE", *gated),
+        # one loss over all mixture layers' tokens there, one per mixture layer here
+        ("LOAD_BALANCING_WEIGHT", "router_aux_loss_coef", coefficient / (layers // interval[1])),
+    ]
+
+
 def _fields(path) -> tuple[str, list[tuple[str, str, object]], dict]:
     """(family, fields, config) of the directory's config.json."""
     config = _read_config(path)
@@ -346,7 +496,16 @@ def _fields(path) -> tuple[str, list[tuple[str, str, object]], dict]:
         return "gpt", _gpt2_fields(config), config
     if model_type == "llama":
         return "llama", _llama_fields(config), config
-    _refuse("model_type", model_type, f"Paxloom imports gpt2 ({GPT2}) and llama ({LLAMA}) models")
+    if model_type in ("mixtral", "qwen2_moe"):
+        fields = _llama_fields(config) + _moe_fields(config, model_type)
+        if model_type == "mixtral":  # intermediate_size is the experts' (MOE_HIDDEN_DIMS)
+            fields = [field for field in fields if field[0] != "HIDDEN_DIMS"]
+        return "llama", fields, config
+    if model_type == "qwen3_moe":
+        _refuse("model_type", model_type, "Qwen3-MoE normalises each head's queries and keys "
+                "before RoPE (q_norm, k_norm), which Paxloom's Llama does not")
+    known = ", ".join(f"{name} ({cls})" for name, cls in CLASSES.items())
+    _refuse("model_type", model_type, f"Paxloom imports {known} models")
 
 
 def hyperparameters(path) -> tuple[str, dict]:
@@ -361,13 +520,23 @@ def hyperparameters(path) -> tuple[str, dict]:
 def _arch_value(arch: Architecture, name: str):
     """The hyperparameter `name` as the run's model has it; None: not in its weights or
     maths (a rotary model's MAX_SEQ_LEN is only its training context)."""
+    experts = arch.experts
+    every_layer = len(arch.moe_layers) == arch.num_layers  # no dense feed-forward
     return {
         "NUM_LAYERS": arch.num_layers, "MODEL_DIMS": arch.model_dims,
-        "HIDDEN_DIMS": arch.hidden_dims, "NUM_HEADS": arch.num_heads,
+        "HIDDEN_DIMS": None if every_layer else arch.hidden_dims, "NUM_HEADS": arch.num_heads,
         "DIMS_PER_HEAD": arch.dims_per_head, "VOCAB_SIZE": arch.vocab_size,
         "MAX_SEQ_LEN": arch.max_positions,
         "LAYERNORM_EPSILON": arch.final_norm.epsilon if arch.final_norm else None,
         "NUM_KV_HEADS": arch.num_kv_heads, "ROPE_MAX_WAVELENGTH": arch.rope_max_timescale,
+        "NUM_EXPERTS": experts.num_experts if experts else 0,
+        "NUM_EXPERTS_PER_TOKEN": experts and experts.per_token,
+        "MOE_HIDDEN_DIMS": experts and experts.hidden_dims,
+        "MOE_LAYER_INTERVAL": moe_interval(arch),
+        "MOE_RENORMALIZE": experts and experts.renormalize,
+        "MOE_SHARED_HIDDEN_DIMS": experts and experts.shared_hidden_dims,
+        "MOE_SHARED_EXPERT_GATE": experts and experts.gate_shared_expert,
+        "LOAD_BALANCING_WEIGHT": None,  # training only: a run may choose its own
     }[name]
 
 
@@ -392,6 +561,9 @@ def check_config(path, arch: Architecture) -> None:
     if family == "llama" and arch.tied_embedding and not config.get("tie_word_embeddings"):
         _refuse("tie_word_embeddings", config.get("tie_word_embeddings", False),
                 "the run's model ties its output layer to the embedding")
+    if config.get("model_type") == "llama" and arch.experts is not None:
+        _refuse("model_type", "llama", f"the run's model is a mixture of experts "
+                f"({target(arch)}); set --fdl.NUM_EXPERTS=0")
     check_representable(arch, target(arch), importing=True)
 
 
@@ -489,9 +661,11 @@ def _gpt2_canonical(tensors: _Tensors, arch: Architecture) -> dict:
             "final_norm": norm("ln_f"), "layers": layers()}
 
 
-def _llama_canonical(tensors: _Tensors, arch: Architecture) -> dict:
-    """Canonical weights of a Llama checkpoint; layers read lazily. A checkpoint with a tied
-    output layer (no lm_head.weight) gives its embedding to both ends."""
+def _llama_canonical(tensors: _Tensors, arch: Architecture, kind: str = LLAMA) -> dict:
+    """Canonical weights of a checkpoint of the Llama family's class `kind`; layers read
+    lazily. A checkpoint with a tied output layer (no lm_head.weight) gives its embedding
+    to both ends. q, k and v biases (Qwen2-MoE's) are read when present: praxis_params
+    accepts them only as zeros, which the model's lack of biases computes."""
     d, h, f = arch.model_dims, arch.dims_per_head, arch.hidden_dims
     heads = {"q": arch.num_heads, "k": arch.num_kv_heads, "v": arch.num_kv_heads}
     fold = query_fold(arch)
@@ -509,6 +683,13 @@ def _llama_canonical(tensors: _Tensors, arch: Architecture) -> dict:
             for name, count in heads.items():  # Linear [heads*H, D] -> [D, heads, H]
                 w = tensors.get(p + f"self_attn.{name}_proj.weight", (count * h, d))
                 layer[name] = w.T.reshape(d, count, h) / (fold if name == "q" else 1)
+                if tensors.has(p + f"self_attn.{name}_proj.bias"):
+                    b = tensors.get(p + f"self_attn.{name}_proj.bias", (count * h,))
+                    layer[f"{name}_bias"] = b.reshape(count, h) / (fold if name == "q" else 1)
+            if i in arch.moe_layers:
+                layer.update(_expert_canonical(tensors, p, arch, kind))
+                yield layer
+                continue
             for hf_name, name in (("gate_proj", "gate"), ("up_proj", "up")):
                 layer[name] = tensors.get(p + f"mlp.{hf_name}.weight", (f, d)).T
             layer["down"] = tensors.get(p + "mlp.down_proj.weight", (d, f)).T
@@ -522,6 +703,38 @@ def _llama_canonical(tensors: _Tensors, arch: Architecture) -> dict:
             "layers": layers()}
 
 
+def _expert_canonical(tensors: _Tensors, prefix: str, arch: Architecture, kind: str) -> dict:
+    """A mixture layer's canonical weights (layers/architecture.py: router [D, E],
+    expert_* [E, in, out], shared_*) from class `kind`'s tensors: one Linear per expert, or
+    transformers 5's fused [E, 2F, D] gate | up and [E, D, F] down (save_pretrained with
+    save_original_format=False)."""
+    d, f, e = arch.model_dims, arch.experts.hidden_dims, arch.experts.num_experts
+    module, gate, up, down = _EXPERT_NAMES[kind]
+    if tensors.has(prefix + "mlp.experts.gate_up_proj"):
+        module = "mlp"  # transformers 5 renames Mixtral's block_sparse_moe
+        gate_up = tensors.get(prefix + "mlp.experts.gate_up_proj", (e, 2 * f, d))
+        out = {"expert_gate": gate_up[:, :f].transpose(0, 2, 1),
+               "expert_up": gate_up[:, f:].transpose(0, 2, 1),
+               "expert_down": tensors.get(prefix + "mlp.experts.down_proj", (e, d, f)
+                                          ).transpose(0, 2, 1)}
+    else:
+        def stacked(name: str, shape: tuple) -> np.ndarray:
+            return np.stack([tensors.get(f"{prefix}{module}.experts.{j}.{name}.weight", shape).T
+                             for j in range(e)])
+
+        out = {"expert_gate": stacked(gate, (f, d)), "expert_up": stacked(up, (f, d)),
+               "expert_down": stacked(down, (d, f))}
+    out["router"] = tensors.get(f"{prefix}{module}.gate.weight", (e, d)).T
+    shared = arch.experts.shared_hidden_dims
+    if shared:
+        for hf_name, name in _SHARED_EXPERT:
+            shape = (d, shared) if name == "shared_down" else (shared, d)
+            out[name] = tensors.get(f"{prefix}mlp.shared_expert.{hf_name}.weight", shape).T
+        out["shared_expert_gate"] = tensors.get(prefix + "mlp.shared_expert_gate.weight",
+                                                (1, d)).T
+    return out
+
+
 def read_params(path, arch: Architecture, like: dict) -> dict[str, np.ndarray]:
     """The checkpoint's weights as float32 arrays keyed by parameter path
     ("lm/transformer/x_layers_0/self_attention/combined_qkv/w", as checkpoints name them),
@@ -530,12 +743,13 @@ def read_params(path, arch: Architecture, like: dict) -> dict[str, np.ndarray]:
     `arch` have them. `like`'s LoRA adapters are left out: a checkpoint has none."""
     path = os.fspath(path)
     check_config(path, arch)
+    kind = CLASSES[_read_config(path)["model_type"]]  # the checkpoint's names
     with contextlib.ExitStack() as stack:
         tensors = _Tensors(path, stack)
         if target(arch) == GPT2:
             canonical = _gpt2_canonical(tensors, arch)
         else:
-            canonical = _llama_canonical(tensors, arch)
+            canonical = _llama_canonical(tensors, arch, kind)
         try:
             params = praxis_params(canonical, arch, like)
         except WeightMismatch as error:
