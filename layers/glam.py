@@ -20,10 +20,38 @@ layers with a mixture in every other one starting at the first. `glam_model` bui
 itself from the same block template when `use_repeated_layer` is False.
 """
 
-from praxis import pax_fiddle
-from praxis.layers import checkpoint_policy, glam
+import fiddle as fdl
+from praxis import base_layer, pax_fiddle
+from praxis.layers import checkpoint_policy, glam, transformers
 
+from core.step_metrics import report_step_metric
 from layers.stack import language_model
+
+
+class GShardFeedForward(transformers.TransformerFeedForwardMoe):
+    """praxis's GShard mixture-of-experts layer, unchanged, whose routing figures (its own
+    praxis summaries) are also reported as step metrics, under the dropless layer's names
+    where they mean the same (layers/moe.py): the load-balancing loss (unweighted), the
+    share of top-1 and top-2 assignments over capacity, dropped (their mean), and the share
+    of tokens that reached no expert."""
+
+    def __call__(self, *args, **kwargs):
+        outputs = super().__call__(*args, **kwargs)
+
+        def summary(name):
+            name += "_scalar"  # praxis's suffix for a scalar summary
+            if self.has_variable(base_layer.SUMMARIES, name):
+                return self.get_variable(base_layer.SUMMARIES, name)
+            return None  # summaries are not being collected (evaluation)
+
+        over_1, over_2 = summary("over_capacity_1_ratio"), summary("over_capacity_2_ratio")
+        if over_1 is not None:
+            report_step_metric(self, "moe/dropped_fraction", (over_1 + over_2) / 2)
+            report_step_metric(self, "moe/unrouted_fraction", summary("dispatch_0"))
+            report_step_metric(self, "moe/load_balancing_loss",
+                               summary("aux_moe_load_balance_loss")
+                               / self.moe_load_balance_loss_weight)
+        return outputs
 
 
 def glam_model(
@@ -84,6 +112,7 @@ def glam_model(
         use_gated_activation=True,
     )
     lm.packed_input = packed_input
+    fdl.update_callable(lm.stacked_transformer_tpl.block.moe_layer_tpl, GShardFeedForward)
     policy = checkpoint_policy.AutodiffCheckpointType(
         "save_everything" if checkpoint_policy_name == "none" else checkpoint_policy_name)
     repeated = lm.stacked_transformer_tpl

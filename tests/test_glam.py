@@ -13,6 +13,7 @@ from praxis.layers import activations, attentions, embedding_softmax, glam, tran
 import experiments
 from core.errors import UserError
 from experiments.glam import GLaMTiny
+from layers import glam as glam_layers
 from tests.support.processes import assert_one_line, run_main
 
 D, H, E = 16, 32, 4  # model width, expert width, experts
@@ -258,7 +259,13 @@ def pax_glam_lm(exp):
 @pytest.mark.parametrize("name", ["PileGLaM126M64E", "PileGLaM64B64E"])
 def test_the_model_is_what_paxs_glam_task_builds(name):
     exp = experiments.resolve(f"experiments.{name}")()
-    ours, pax = effective(exp.model_template().lm_tpl), effective(pax_glam_lm(exp))
+    pax_lm = pax_glam_lm(exp)
+    # The one difference: praxis's GShard layer as the subclass that also reports its
+    # routing figures as step metrics (same fields, same maths).
+    block = pax_lm.stacked_transformer_tpl
+    block = block.block if exp.USE_REPEATED_LAYER else block
+    fdl.update_callable(block.moe_layer_tpl, glam_layers.GShardFeedForward)
+    ours, pax = effective(exp.model_template().lm_tpl), effective(pax_lm)
     assert ours == pax, {k: (ours.get(k), pax.get(k)) for k in ours.keys() | pax.keys()
                          if ours.get(k) != pax.get(k)}
     layer = ours[".stacked_transformer_tpl" + (".block" if exp.USE_REPEATED_LAYER else "")
@@ -271,7 +278,7 @@ def test_the_runtime_shards_glam_as_paxs_set_sharding_params_v1():
     the GPT's; the relative position biases stay replicated, as in Pax."""
     lm = experiments.resolve("experiments.PileGLaM126M64E")().run_config().model.lm_tpl
     moe = lm.stacked_transformer_tpl.moe_layer_tpl
-    assert fdl.get_callable(moe) is transformers.TransformerFeedForwardMoe
+    assert issubclass(fdl.get_callable(moe), transformers.TransformerFeedForwardMoe)
     assert moe.weight_split_dims_mapping.emh == ["data", None, "mdl"]
     assert moe.activation_split_dims_mapping.egcm == ["data", None, None, "mdl"]
     assert fdl.get_callable(lm.softmax_tpl) is embedding_softmax.GShardSharedEmbeddingSoftmax
@@ -320,12 +327,17 @@ def test_glam_tiny_trains_with_the_load_balancing_loss_in_its_loss(tmp_path):
     params, key = state["params"], jax.random.key(0)
     batch = trainer.to_device(trainer.make_train_input().next_batch())
     with jax.set_mesh(trainer.mesh), praxis_context(do_eval=False):
-        loss, _ = trainer._loss(params, batch, key)
+        loss, step_metrics = trainer._loss(params, batch, key)
         (metrics, _), _ = trainer.model.apply(
             {"params": params}, as_model_batch(batch, trainer.model.fprop_dtype),
             rngs={"random": key}, mutable=[base_layer.SUMMARIES])
     balance = (float(loss) - float(metrics.total_loss[0])) / GLaMTiny.LOAD_BALANCING_WEIGHT
     assert 0.5 < balance <= GLaMTiny.NUM_EXPERTS, balance
+    # ... and what the step metrics report: the mean over the mixture layers of the
+    # unweighted loss (each layer weighs its own by LOAD_BALANCING_WEIGHT / (NUM_LAYERS / 2)).
+    np.testing.assert_allclose(step_metrics["moe/load_balancing_loss"], balance, rtol=1e-3)
+    assert 0 <= step_metrics["moe/dropped_fraction"] < 1
+    assert 0 <= step_metrics["moe/unrouted_fraction"] <= step_metrics["moe/dropped_fraction"]
 
 
 @pytest.mark.slow  # the same training as above, through main.py, with both evaluations
