@@ -24,8 +24,8 @@ Differences, each on purpose:
   rather than silently ignored.
 - DIMS_PER_HEAD is the head size, where Pax's task() computes MODEL_DIMS // NUM_HEADS (the
   same in both configs); MOE_HIDDEN_DIMS is the experts' width (None: HIDDEN_DIMS, Pax's).
-- NUM_GPUS is checked against the mesh (Pax computes the mesh from it once, when the class
-  is defined): pass both when moving an experiment to another number of GPUs.
+- NUM_GPUS is declared with Pax's values and read by nothing, as in Pax once its class is
+  defined (the mesh shapes were computed from it then).
 - ATTENTION_IMPL is 'praxis': the fused kernels have no relative position bias.
 - Pax's model reports Lambada's strict accuracy itself (`report_strict_acc`); here the
   Lambada evaluation does, as for the GPT. DCN_MESH_SHAPE and the evaluations: as
@@ -50,7 +50,9 @@ class GLaMBase(BaseExperiment):
     """GLaM: [MoE, dense] decoder blocks on praxis's GShard layers (layers/glam.py); a
     subclass sets the sizes. Not registered."""
 
-    # Pax's: the GPUs the mesh is laid out for (ICI x DCN); checked against the mesh.
+    # Pax's: the GPUs its configs compute their mesh shapes from, once, when the class is
+    # defined. Read by nothing else, in Pax or here: the mesh shapes decide (so a mesh
+    # override, or a tool running the model on one device, needs no NUM_GPUS).
     NUM_GPUS: int = 8
     # GShard's softmax z-loss: Z_LOSS_WEIGHT x logsumexp(logits)^2 of the output layer, added
     # to the loss (not the router's z-loss, ROUTER_Z_LOSS_WEIGHT, which GLaM does not have).
@@ -84,11 +86,6 @@ class GLaMBase(BaseExperiment):
             raise UserError("USE_LORA: GLaM's attention projections keep their heads combined "
                             "([D, N*H], GShard's layout), which layers/lora.py's adapters do not "
                             "take; set USE_LORA=False")
-        devices = math.prod(self.ICI_MESH_SHAPE) * math.prod(self.DCN_MESH_SHAPE)
-        if self.NUM_GPUS != devices:
-            raise UserError(f"NUM_GPUS={self.NUM_GPUS}, but ICI_MESH_SHAPE={self.ICI_MESH_SHAPE} "
-                            f"x DCN_MESH_SHAPE={self.DCN_MESH_SHAPE} has {devices} devices; set "
-                            f"--fdl.NUM_GPUS={devices} with the mesh")
         for name in self._names_not_read():
             value, own = getattr(self, name), getattr(type(self), name)
             if class_name(value) != class_name(own):

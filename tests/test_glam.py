@@ -292,7 +292,6 @@ def test_the_runtime_shards_glam_as_paxs_set_sharding_params_v1():
     (dict(LOAD_BALANCING_WEIGHT=0.0), "needs a positive load-balancing weight"),
     (dict(Z_LOSS_WEIGHT=-1.0), "Z_LOSS_WEIGHT=-1.0 must be >= 0"),
     (dict(ATTENTION_IMPL="cudnn"), "relative position biases, which only 'praxis' computes"),
-    (dict(ICI_MESH_SHAPE=[1, 4, 1]), "NUM_GPUS=8, but ICI_MESH_SHAPE=[1, 4, 1]"),
     (dict(USE_LORA=True, LORA_TARGET_LAYERS="attention"), "USE_LORA: GLaM's attention"),
     (dict(LAYERNORM_EPSILON=1e-6), "do not read LAYERNORM_EPSILON; leave it at 1e-05"),
     (dict(USE_BIAS=False), "do not read USE_BIAS"),
