@@ -198,7 +198,7 @@ def test_router_losses_are_aux_losses():
     summaries, aux = collections[base_layer.SUMMARIES], collections[base_layer.AUX_LOSS]
     balance = float(summaries["step_metric:moe/load_balancing_loss_scalar"])
     z = float(summaries["step_metric:moe/router_z_loss_scalar"])
-    assert balance >= 1.0 - 1e-6  # E * sum(f * p) is 1 at perfect balance, more otherwise
+    assert balance >= 1.0 - 1e-6  # E * sum(f * p): k (here 2) when f and p are uniform
     np.testing.assert_allclose(aux["moe_load_balancing_loss"].value, 0.1 * balance, rtol=1e-6)
     np.testing.assert_allclose(aux["moe_router_z_loss"].value, 0.01 * z, rtol=1e-6)
 
