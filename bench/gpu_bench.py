@@ -9,6 +9,12 @@ of rows, each with the device kind and the jax and torch versions), rewritten af
 row so that a run cut off keeps what it measured. --dry_run only builds each row's
 experiment and graph (bench/gpu_check.sh --dry-run checks its command lines that way).
 
+The mixture-of-experts rows are chosen by name only (bench/rows.py MOE_CONFIGS): Qwen3A3B_moe
+(Qwen3MoE30B_A3B cut to 4 layers), Qwen3A3B_dense (the same with one dense feed-forward of a
+token's width, k x MOE_HIDDEN_DIMS) and GLaM126M64E (PileGLaM126M64E, all 64 experts, its
+attention praxis's whatever --impls says, which "auto" shows as auto>praxis). Their MFU
+counts a token's active parameters (expert weights x k / E), as "active_params" in the JSON.
+
 Every row runs in a fresh child process (`--one CONFIG IMPL`, which prints one JSON line),
 so its peak device memory is its own and not the maximum of the rows before it, and an
 out-of-memory row cannot disturb the next one. A child times the loop main.py runs
@@ -38,6 +44,7 @@ times the raw GEMMs.
     python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas,cudnn --steps 20
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
+    python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,GLaM126M64E --impls auto
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/gpu_bench.py --steps 2
 """
 
@@ -56,7 +63,14 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from bench.rows import CONFIGS, HEADER, TORCH_CONFIGS, experiment, format_row  # noqa: E402
+from bench.rows import (  # noqa: E402
+    CONFIGS,
+    HEADER,
+    MOE_CONFIGS,
+    TORCH_CONFIGS,
+    experiment,
+    format_row,
+)
 
 # A child's result is the stdout line that starts with this; anything else it prints
 # (the runner's log lines, library warnings) is not parsed.
@@ -172,6 +186,7 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
     from praxis import pax_fiddle
 
     from runner.cluster import mesh as mesh_lib
+    from runner.training import throughput
     from runner.training.prefetch import Prefetcher
     from runner.training.trainer import Trainer
 
@@ -221,6 +236,9 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
     return {
         "resolved": attention_used(config), "packed": exp.PACKED_INPUT,
         "checkpoint_policy": exp.CHECKPOINT_POLICY, "params": trainer.num_params,
+        # N of MFU's 6N: a token's share of the experts (all of a dense model's weights).
+        "active_params": throughput.matmul_param_count(state["params"],
+                                                       run.model_shape.expert_share),
         "global_batch": trainer.global_batch_size, "seq_len": run.model_shape.seq_len,
         "compile_s": compile_s, "first_step_s": first_step_s, "step_s": step_s,
         "mean_step_s": window_s / steps, "tokens_per_s": tokens_per_s, "mfu": mfu,
@@ -360,8 +378,10 @@ def fp8_summary(pairs: list[tuple[dict, dict]]) -> list[str]:
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help=f"comma-separated, of {', '.join(CONFIGS)}")
+    dense = [c for c in CONFIGS if c not in MOE_CONFIGS]
+    parser.add_argument("--configs", default=",".join(dense),
+                        help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but "
+                             f"{', '.join(MOE_CONFIGS)})")
     parser.add_argument("--impls", default="auto,praxis",
                         help="comma-separated ATTENTION_IMPLs: praxis, xla, cudnn, pallas, auto")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row")

@@ -135,6 +135,29 @@ def key_speed(out: pathlib.Path) -> str:
     return "; ".join(parts)
 
 
+def key_moe(out: pathlib.Path) -> str:
+    """Each row's MFU (on a token's active parameters) and peak memory, and the MoE row's
+    tokens/s over its dense peer's (no target: the first figures are the finding)."""
+    parts, done, failed = [], {}, False
+    for row in rows(out, "moe.json"):
+        name = row["experiment"]
+        if "error" in row or "skipped" in row:
+            failed = True
+            parts.append(f"{name}: {row.get('error') or row['skipped']}")
+            continue
+        text = f"{name} {row['mfu']:.1%} MFU" if row.get("mfu") else f"{name} no MFU"
+        if row.get("peak_memory_gib"):
+            text += f", peak {row['peak_memory_gib']:.1f} GiB"
+        done[name] = (len(parts), row)
+        parts.append(text)
+    if "Qwen3A3B_moe" in done and "Qwen3A3B_dense" in done:
+        (index, moe), (_, dense) = done["Qwen3A3B_moe"], done["Qwen3A3B_dense"]
+        parts[index] += f", x{moe['tokens_per_s'] / dense['tokens_per_s']:.2f} dense tokens/s"
+    if failed:
+        raise Failed("; ".join(parts))
+    return "; ".join(parts)
+
+
 def key_fp8(out: pathlib.Path) -> str:
     found = rows(out, "fp8.json")
     errors = [f"{r['experiment']}{' fp8' if r.get('fp8') else ''}: {r['error']}"
@@ -153,7 +176,7 @@ def key_fp8(out: pathlib.Path) -> str:
 
 
 KEYS = {"install": key_install, "tests": key_tests, "default": key_default,
-        "speed": key_speed, "fp8": key_fp8}
+        "speed": key_speed, "moe": key_moe, "fp8": key_fp8}
 
 
 def main() -> int:

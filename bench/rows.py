@@ -3,18 +3,37 @@ experiments they measure, how a row's experiment is built, and how a row prints.
 imports torch_gpt.py (its PyTorch rows) and both import this module, so torch_gpt.py never
 needs gpu_bench.py and no two of them import each other."""
 
-# Per experiment: its overrides, and whether its weights are split over the devices (FSDP)
-# or copied to each (data parallelism).
+SYNTHETIC = {"DATASET": "synthetic", "LAMBADA_EVAL": False}
+# Qwen3-30B-A3B's shape cut to 4 of its 48 layers, one 2048-token sequence per device: on
+# one H100 jax 0.10.2's XLA:GPU computes ragged_dot as a dense matmul over every expert,
+# whose [tokens x k, experts, width] operand makes 4096 tokens plan at 94 GiB, 2048 at 62.
+QWEN3_4_LAYERS = {**SYNTHETIC, "NUM_LAYERS": 4, "MAX_SEQ_LEN": 2048}
+# Per row: its overrides, and whether its weights are split over the devices (FSDP) or
+# copied to each (data parallelism). A row is the registered experiment of its name, or the
+# one ROW_EXPERIMENT names. An ATTENTION_IMPL among the overrides is what "auto" runs.
 CONFIGS = {
     "Synthetic126M": ({}, "dp"),
-    "GPT1_3B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
+    "GPT1_3B": (SYNTHETIC, "fsdp"),
     "Synthetic5B": ({"NUM_LAYERS": 8}, "fsdp"),
-    "Llama1B": ({"DATASET": "synthetic", "LAMBADA_EVAL": False}, "fsdp"),
+    "Llama1B": (SYNTHETIC, "fsdp"),
+    # Mixtures of experts (bench/gpu_check.sh's moe part), not in gpu_bench.py's default.
+    # The dropless layer (layers/moe.py) against the dense Llama with a token's parameters
+    # (HIDDEN_DIMS = k x MOE_HIDDEN_DIMS; the router's 4 x 262,144 are the difference).
+    "Qwen3A3B_moe": (QWEN3_4_LAYERS, "fsdp"),
+    "Qwen3A3B_dense": ({**QWEN3_4_LAYERS, "NUM_EXPERTS": 0, "HIDDEN_DIMS": 8 * 768}, "fsdp"),
+    # Pax's GLaM (praxis's GShard layers, top-2, capacity 2.0) with all 64 experts: 44.5 GiB
+    # planned on one H100. NUM_GPUS follows the mesh; its attention can only be praxis's.
+    "GLaM126M64E": ({**SYNTHETIC, "ATTENTION_IMPL": "praxis"}, "fsdp"),
 }
+ROW_EXPERIMENT = {"Qwen3A3B_moe": "Qwen3MoE30B_A3B", "Qwen3A3B_dense": "Qwen3MoE30B_A3B",
+                  "GLaM126M64E": "PileGLaM126M64E"}
+MOE_CONFIGS = ("Qwen3A3B_moe", "Qwen3A3B_dense", "GLaM126M64E")
 # The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
 TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
 TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,
             MAX_SEQ_LEN=128, VOCAB_SIZE=512, PERCORE_BATCH_SIZE=1)
+# With --tiny, on top of TINY: the dense peer's HIDDEN_DIMS stays k x MOE_HIDDEN_DIMS.
+TINY_ROW = {"Qwen3A3B_moe": {"MOE_HIDDEN_DIMS": 256 // 8}}
 
 
 def experiment(name: str, impl: str, *, tiny: bool, devices: int,
@@ -24,14 +43,18 @@ def experiment(name: str, impl: str, *, tiny: bool, devices: int,
     import experiments  # here, not above: gpu_bench's parent process never builds one
 
     overrides, layout = CONFIGS[name]
+    cls = experiments.resolve(f"experiments.{ROW_EXPERIMENT.get(name, name)}")
     settings = {
         **overrides,
         "ICI_MESH_SHAPE": [devices, 1, 1] if layout == "dp" else [1, devices, 1],
         "DCN_MESH_SHAPE": [1, 1, 1],
         "EVAL_BATCHES": 0,
         **(TINY if tiny else {}),
+        **(TINY_ROW.get(name, {}) if tiny else {}),
     }
-    if impl != "torch":
+    if "NUM_GPUS" in cls.hyperparameter_types():  # GLaM checks it against the mesh (Pax's)
+        settings["NUM_GPUS"] = devices
+    if impl != "torch" and not (impl == "auto" and "ATTENTION_IMPL" in overrides):
         settings["ATTENTION_IMPL"] = impl
     if unpacked:
         settings["PACKED_INPUT"] = False
@@ -39,7 +62,7 @@ def experiment(name: str, impl: str, *, tiny: bool, devices: int,
         settings["USE_FP8"] = True
     if percore_batch_size:
         settings["PERCORE_BATCH_SIZE"] = percore_batch_size
-    return experiments.resolve(f"experiments.{name}")(**settings)
+    return cls(**settings)
 
 
 HEADER = (f"{'experiment':<14} {'attention':<14} {'gemm':<4} {'packed':<6} {'params':>8} "

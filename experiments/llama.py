@@ -12,6 +12,17 @@ peak learning rate 4e-4 with 2000 warmup steps down to 4e-5); Llama2_7B is Llama
 11008 feed-forward, 32 heads, 4096 tokens, AdamW beta2 0.95, epsilon 1e-5,
 weight decay 0.1, clipping 1.0, peak 3e-4 with 2000 warmup steps, cosine to 10%).
 Both use a 32000-piece vocabulary and RMSNorm epsilon 1e-5.
+
+The mixtures of experts (layers/moe.py) are shaped like published ones too: Mixtral8x7B is
+Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1 and its released config: 32
+layers, 4096 wide, 32 heads in 8 key/value groups of 128, 8 experts of 14336 in every
+layer, top-2, RoPE theta 1e6, the 32000-piece vocabulary); Qwen3MoE30B_A3B is Qwen3-30B-A3B
+(Qwen Team 2025, "Qwen3 Technical Report", table 2 and its released config: 48 layers, 2048
+wide, 32 query heads of 128 in 4 key/value groups, 128 experts of 768, top-8 renormalised,
+no shared expert, RoPE theta 1e6, RMSNorm epsilon 1e-6, a 151936-piece vocabulary). Only
+the shape: layers/llama.py has no per-head RMSNorm of queries and keys (Qwen3's QK-norm).
+Neither publishes its training recipe; theirs here is Llama 2's (PileTraining's AdamW,
+peak 3e-4 with 2000 warmup steps, cosine to 10%).
 """
 
 from core.errors import UserError
@@ -25,6 +36,18 @@ class LlamaBase(BaseExperiment):
 
     NUM_KV_HEADS: int = 4  # key/value heads; NUM_HEADS = grouped-query, 1 = multi-query
     ROPE_MAX_WAVELENGTH: float = 10000.0  # RoPE base ("theta")
+    # RoPE scaling for a longer context (layers/rope.py; Hugging Face's rope_parameters).
+    # The defaults are Llama 3.1's published values and the YaRN paper's betas.
+    ROPE_SCALING_TYPE: str = "none"  # "linear", "llama3" (Llama 3.1) or "yarn" (YaRN)
+    ROPE_SCALING_FACTOR: float = 8.0  # how many times longer the new context is
+    ROPE_LOW_FREQ_FACTOR: float = 1.0  # llama3
+    ROPE_HIGH_FREQ_FACTOR: float = 4.0  # llama3
+    ROPE_ORIGINAL_MAX_POSITION: int = 8192  # llama3, yarn: the context trained before
+    ROPE_BETA_FAST: float = 32.0  # yarn
+    ROPE_BETA_SLOW: float = 1.0  # yarn
+    CHOICES = {**BaseExperiment.CHOICES,
+               # layers/rope.py's SCALINGS (tests/test_rope.py checks they agree)
+               "ROPE_SCALING_TYPE": ("none", "linear", "llama3", "yarn")}
 
     EMBEDDING_LOOKUP_STYLE = "index"
     LAYERNORM_EPSILON = 1e-5  # RMSNorm epsilon
@@ -45,9 +68,21 @@ class LlamaBase(BaseExperiment):
             raise UserError("CHECKPOINT_POLICY='save_qkv_out_proj' saves the combined QKV "
                             "projection, which grouped-query attention does not have; use "
                             "'save_qkv_out_proj_separate'")
+        for name in ("ROPE_SCALING_FACTOR", "ROPE_LOW_FREQ_FACTOR", "ROPE_ORIGINAL_MAX_POSITION",
+                     "ROPE_BETA_SLOW"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name}={getattr(self, name)} must be positive")
+        # llama3 divides the frequencies turning fewer than LOW times over the original
+        # context and keeps those turning more than HIGH times: LOW < HIGH. YaRN likewise
+        # with BETA_SLOW < BETA_FAST.
+        for low, high in (("ROPE_LOW_FREQ_FACTOR", "ROPE_HIGH_FREQ_FACTOR"),
+                          ("ROPE_BETA_SLOW", "ROPE_BETA_FAST")):
+            if getattr(self, low) >= getattr(self, high):
+                raise UserError(f"{low}={getattr(self, low)} must be below "
+                                f"{high}={getattr(self, high)}")
 
     def model_template(self):
-        from layers import llama
+        from layers import llama, rope
 
         return llama.llama_model(
             self.transformer_stack(),
@@ -61,6 +96,12 @@ class LlamaBase(BaseExperiment):
             softmax_init_std=self.SOFTMAX_INIT_STD,
             norm_epsilon=self.LAYERNORM_EPSILON,
             rope_max_wavelength=self.ROPE_MAX_WAVELENGTH,
+            rope_scaling=rope.RopeScaling(
+                kind=self.ROPE_SCALING_TYPE, factor=self.ROPE_SCALING_FACTOR,
+                low_freq_factor=self.ROPE_LOW_FREQ_FACTOR,
+                high_freq_factor=self.ROPE_HIGH_FREQ_FACTOR,
+                original_max_position_embeddings=self.ROPE_ORIGINAL_MAX_POSITION,
+                beta_fast=self.ROPE_BETA_FAST, beta_slow=self.ROPE_BETA_SLOW),
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
             loss_chunk_len=self.loss_chunk_len(),
             experts=self.experts_template(),
@@ -293,3 +334,67 @@ class MixtralTiny(LlamaTiny):
     # each MoE layer adds its own (runner/state/hf_format.py maps one to the other).
     LOAD_BALANCING_WEIGHT = 0.01
     ROUTER_Z_LOSS_WEIGHT = 1e-3
+
+
+@register
+class Mixtral8x7B(_LlamaOnThePile):
+    """Mixtral 8x7B shape: 8 experts of 14336 in every layer, top-2 (46.7B parameters,
+    12.9B of them a token's), on two nodes of 8 H100s: the experts over the data axis (one
+    per GPU pair, the all_to_all across the nodes), 2-way tensor parallelism in a node.
+
+    VOCAB_PATH=tokenizer.model python main.py --fdl_config=experiments.Mixtral8x7B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/mixtral8x7b
+    """
+
+    NUM_LAYERS = 32
+    MODEL_DIMS = 4096
+    HIDDEN_DIMS = 14336
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 8
+    DIMS_PER_HEAD = 128
+    ROPE_MAX_WAVELENGTH = 1e6
+    NUM_EXPERTS = 8
+    NUM_EXPERTS_PER_TOKEN = 2
+    MOE_HIDDEN_DIMS = 14336
+    # Mixtral's router_aux_loss_coef (0.02) weighs one loss pooled over its 32 layers; here
+    # each layer adds its own (runner/state/hf_format.py maps one to the other).
+    LOAD_BALANCING_WEIGHT = 0.02 / 32
+    MAX_SEQ_LEN = 4096
+    ICI_MESH_SHAPE = [1, 4, 2]
+    DCN_MESH_SHAPE = [1, 2, 1]
+    PERCORE_BATCH_SIZE = 1
+    LEARNING_RATE = 3e-4
+    LR_COS_DECAY_END = 100000
+    MAX_STEPS = 100000
+
+
+@register
+class Qwen3MoE30B_A3B(_LlamaOnThePile):
+    """Qwen3-30B-A3B shape (no QK-norm): 128 experts of 768 in every layer, top-8
+    renormalised, dropless (30.5B parameters, 3.35B of them a token's), on 8 GPUs: the
+    experts over the data axis (16 per GPU), the other weights split over it too (FSDP).
+    XLA:GPU plans it at 111 GiB a GPU, for H200s; `--mode=plan` says what fits others.
+
+    VOCAB_PATH=tokenizer.json python main.py --fdl_config=experiments.Qwen3MoE30B_A3B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/qwen3moe30b-a3b
+    """
+
+    NUM_LAYERS = 48
+    MODEL_DIMS = 2048
+    HIDDEN_DIMS = 6144  # intermediate_size: k x MOE_HIDDEN_DIMS, a dense peer's width
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 4
+    DIMS_PER_HEAD = 128
+    VOCAB_SIZE = 151936
+    LAYERNORM_EPSILON = 1e-6
+    ROPE_MAX_WAVELENGTH = 1e6
+    NUM_EXPERTS = 128
+    NUM_EXPERTS_PER_TOKEN = 8
+    MOE_HIDDEN_DIMS = 768
+    MOE_RENORMALIZE = True  # norm_topk_prob
+    # Qwen3's router_aux_loss_coef (0.001), pooled over its 48 layers, per layer.
+    LOAD_BALANCING_WEIGHT = 0.001 / 48
+    MAX_SEQ_LEN = 4096
+    ICI_MESH_SHAPE = [1, 8, 1]
+    PERCORE_BATCH_SIZE = 1
+    LEARNING_RATE = 3e-4
+    LR_COS_DECAY_END = 100000
+    MAX_STEPS = 100000

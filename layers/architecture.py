@@ -2,10 +2,11 @@
 
 `architecture_of(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
 layers/llama.py, or a user's variant of them) and returns an `Architecture`: sizes,
-norms, position encoding, activation, biases, query scaling, and the mixture of experts
-(layers/moe.py's MoeFeedForward) with the layers that have it. Anything the cached
-decoder (layers/cached_lm.py) would compute differently from praxis is refused with
-`UnsupportedModel`, one line naming the setting, never approximated. One deliberate
+norms, position encoding (RoPE's scaling included, layers/rope.py), activation, biases,
+query scaling, and the mixture of experts (layers/moe.py's MoeFeedForward) with the
+layers that have it. Anything the cached decoder (layers/cached_lm.py) would compute
+differently from praxis is refused with `UnsupportedModel`, one line naming the setting,
+never approximated. One deliberate
 exception: a mixture trained with a capacity (CAPACITY_FACTOR > 0) is described, and
 decoded, dropless, as Hugging Face's Mixtral and Qwen-MoE compute: which tokens a capacity
 drops depends on the rest of the batch, a training-time bound, not part of the model.
@@ -39,7 +40,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
-from layers import layer_layout, lora, moe
+from layers import layer_layout, lora, moe, rope
 from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
@@ -73,6 +74,9 @@ _PROJECTIONS = {"proj_tpl": attentions.AttentionProjection,
 _TIED_SOFTMAXES = (embedding_softmax.SharedEmbeddingSoftmax,
                    softmax_layers.ChunkedSharedEmbeddingSoftmax)
 _UNTIED_SOFTMAXES = (embedding_softmax.FullSoftmax, softmax_layers.ChunkedFullSoftmax)
+# Rotary embeddings the cached decoder reproduces (layers/rope.py: scaled frequencies).
+_ROTARY_EMBEDDINGS = (embedding_softmax.RotaryPositionalEmbedding,
+                      rope.ScaledRotaryPositionalEmbedding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +111,7 @@ class Architecture:
     positions: str  # "learned" (a table added to the embedding) or "rotary"
     max_positions: int | None  # rows of the learned table
     rope_min_timescale: float | None
-    rope_max_timescale: float | None
+    rope_max_timescale: float | None  # RoPE's base ("theta")
     activation: str  # "gelu_tanh", "gelu", "silu" or "relu"
     gated_mlp: bool  # act(x @ gate) * (x @ up) instead of act(x @ up)
     attention_bias: bool  # q, k, v and output projections have biases
@@ -123,6 +127,7 @@ class Architecture:
     stack_layout: layer_layout.StackLayout | None = None
     experts: Experts | None = None  # the mixture of experts, in the layers moe_layers names
     moe_layers: tuple[int, ...] = ()  # layers (0 = next to the embedding) with `experts`
+    rope_scaling: rope.RopeScaling = rope.NONE  # of a rotary model's frequencies
 
     @property
     def layout(self) -> layer_layout.StackLayout:
@@ -185,7 +190,7 @@ def architecture_of(model) -> Architecture:
                  "the mixture of experts' activation differs from the dense feed-forward's")
     atten, softmax = layer.tr_atten_tpl, lm.softmax_tpl
     num_kv_heads, query_scale = _attention(atten, block)
-    positions, max_positions, rope_min, rope_max = _positions(lm, atten)
+    positions, max_positions, rope_min, rope_max, rope_scaling = _positions(lm, atten)
     tied, embedding_scale = _softmax(lm, block.model_dims)
     return Architecture(
         num_layers=layout.num_layers, model_dims=block.model_dims,
@@ -205,7 +210,7 @@ def architecture_of(model) -> Architecture:
         tied_embedding=tied,
         embedding_scale=embedding_scale, query_scale=query_scale, repeated=repeated,
         fprop_dtype=jnp.dtype(model.fprop_dtype).name, stack_layout=layout,
-        experts=experts, moe_layers=moe_layers,
+        experts=experts, moe_layers=moe_layers, rope_scaling=rope_scaling,
     )
 
 
@@ -268,21 +273,23 @@ def _attention(atten, block) -> tuple[int, float]:
 
 
 def _positions(lm, atten):
-    """(kind, learned table size, RoPE min and max timescales) of the model's positions."""
-    positions, max_positions, rope_min, rope_max = None, None, None, None
+    """(kind, learned table size, RoPE min and max timescales, RoPE scaling) of the model's
+    positions."""
+    positions, max_positions, rope_min, rope_max, scaling = None, None, None, None, rope.NONE
     if atten.use_rotary_position_emb:
-        rope = atten.rotary_position_emb_tpl
-        _require(_cls(rope) is embedding_softmax.RotaryPositionalEmbedding,
-                 f"rotary position embedding is {_cls(rope).__name__}")
-        positions, rope_min, rope_max = "rotary", float(rope.min_timescale), float(
-            rope.max_timescale)
+        rotary = atten.rotary_position_emb_tpl
+        _require(_cls(rotary) in _ROTARY_EMBEDDINGS,
+                 f"rotary position embedding is {_cls(rotary).__name__}")
+        positions, rope_min, rope_max = "rotary", float(rotary.min_timescale), float(
+            rotary.max_timescale)
+        scaling = rope.scaling_of(rotary)
     if lm.position_emb_tpl is not None:
         _require(positions is None, "the model has both learned and rotary positions")
         _require(_cls(lm.position_emb_tpl) is embedding_softmax.TrainablePositionalEmbedding,
                  f"position embedding is {_cls(lm.position_emb_tpl).__name__}")
         positions, max_positions = "learned", lm.position_emb_tpl.max_seq_length
     _require(positions is not None, "the model has no position information")
-    return positions, max_positions, rope_min, rope_max
+    return positions, max_positions, rope_min, rope_max, scaling
 
 
 def _feed_forwards(block, layer, num_layers: int):

@@ -22,6 +22,7 @@ starts at position 0, as in training. Keys before `first_slot[b]` are never atte
 import jax
 import jax.numpy as jnp
 
+from layers import rope
 from layers.architecture import Architecture, Norm
 from layers.moe import route
 
@@ -59,17 +60,12 @@ def _norm(x, weights: dict, norm: Norm):
 
 
 def _rope(x, positions, arch: Architecture):
-    """praxis RotaryPositionalEmbedding: x [B, T, N, H] rotated by position [B, T] in two
-    halves (first, second), timescales min * (max / min) ** (2i / H)."""
-    half = arch.dims_per_head // 2
-    fraction = 2 * jnp.arange(half) / arch.dims_per_head
-    timescale = arch.rope_min_timescale * (
-        arch.rope_max_timescale / arch.rope_min_timescale) ** fraction
-    angle = positions[:, :, None, None] / timescale  # [B, T, 1, H/2], float32
-    sin, cos = jnp.sin(angle), jnp.cos(angle)
-    first, second = x[..., :half], x[..., half:]
-    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin],
-                           axis=-1).astype(x.dtype)
+    """x [B, T, N, H] rotated by position [B, T] as the model's rotary embedding layer
+    rotates it (praxis's, or layers/rope.py's with scaled frequencies)."""
+    timescale, attention_factor = rope.timescales(
+        arch.dims_per_head, arch.rope_min_timescale, arch.rope_max_timescale,
+        arch.rope_scaling)
+    return rope.rotate(x, positions, timescale, attention_factor).astype(x.dtype)
 
 
 def _project(h, weights: dict, name: str):

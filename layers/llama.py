@@ -16,12 +16,11 @@ from praxis import pax_fiddle
 from praxis.layers import (
     activations,
     attentions,
-    embedding_softmax,
     multi_query_attention,
     normalizations,
 )
 
-from layers import moe
+from layers import moe, rope
 from layers.stack import (
     language_model,
     separate_softmax,
@@ -43,6 +42,7 @@ def llama_model(
     softmax_init_std: float,
     norm_epsilon: float,
     rope_max_wavelength: float,
+    rope_scaling: rope.RopeScaling = rope.NONE,
     embedding_lookup_style: str = "index",
     loss_chunk_len: int = 0,
     experts: pax_fiddle.Config | None = None,
@@ -50,7 +50,8 @@ def llama_model(
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`;
     with `experts` (a layers/moe.py MoeFeedForward config), every `experts_interval`-th
-    layer's feed-forward is that mixture of experts (Mixtral, Qwen-MoE)."""
+    layer's feed-forward is that mixture of experts (Mixtral, Qwen-MoE); `rope_scaling`
+    scales RoPE's frequencies for a longer context (layers/rope.py: Llama 3.1, YaRN)."""
     rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
                                  direct_scale=False)
     lm = transformer_lm(
@@ -68,8 +69,6 @@ def llama_model(
     ffn.activation_tpl = pax_fiddle.Config(activations.SiLU)
     ffn.use_gated_activation = True
     ffn.has_bias = False
-    rope = pax_fiddle.Config(embedding_softmax.RotaryPositionalEmbedding,
-                             max_timescale=rope_max_wavelength)
     if num_kv_heads == num_heads:
         layer.tr_atten_tpl = pax_fiddle.Config(
             attentions.DotProductAttention, combine_qkv=True,
@@ -79,7 +78,8 @@ def llama_model(
             multi_query_attention.MultiQueryDotProductAttention,
             num_kv_heads=num_kv_heads, scale_query_by_dim_per_head=True)
     layer.tr_atten_tpl.set(use_bias=False, use_rotary_position_emb=True,
-                           rotary_position_emb_tpl=rope)
+                           rotary_position_emb_tpl=rope.template(rope_max_wavelength,
+                                                                 rope_scaling))
     if experts is not None:
         moe.with_experts(lm.stacked_transformer_tpl, experts, experts_interval)
     return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)

@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
+from bench.rows import experiment
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
-PARTS = ["install", "tests", "default", "speed", "fp8"]
+PARTS = ["install", "tests", "default", "speed", "moe", "fp8"]
 ENV = {**os.environ, "PYTHON": sys.executable}  # conftest's CPU settings, this Python
 
 
@@ -39,6 +41,7 @@ def test_the_dry_run_checks_every_part_within_540_seconds():
 @pytest.mark.parametrize("part, prelude, bad", [
     ("default", "MAIN_FLAGS+=(--fdl.NO_SUCH_HYPERPARAMETER=1)", "--fdl.NO_SUCH_HYPERPARAMETER"),
     ("speed", "BENCH_STEPS+=(--no_such_option)", "--no_such_option"),
+    ("moe", "BENCH_STEPS+=(--no_such_option)", "--no_such_option"),
 ])
 def test_a_broken_command_line_fails_the_dry_run_naming_its_part(part, prelude, bad):
     done = check("--dry-run", f"--parts {part}", prelude=prelude)
@@ -65,7 +68,7 @@ def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     table = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split()[:2] for line in table[1:]] == [
         ["install", "skipped"], ["tests", "skipped"], ["default", "TIMEOUT"],
-        ["speed", "skipped"], ["fp8", "skipped"]]
+        ["speed", "skipped"], ["moe", "skipped"], ["fp8", "skipped"]]
     assert done.stdout.splitlines()[-len(table):] == table
 
 
@@ -123,3 +126,33 @@ def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
     assert done.returncode == 0, done.stdout
     assert done.stdout.strip() == ("FP8 x1.25 bf16 (target 1.2); loss after 30 steps 7.0700 "
                                    "vs 7.0000 (+1.00%, target within 2%); f8 GEMMs 48/60")
+
+
+def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_dense(tmp_path):
+    """The moe part's rows build on CPU as they run there (one device: GLaM's NUM_GPUS=1,
+    its attention praxis's under --impls auto); its key gives each row's MFU and peak
+    memory, the MoE row's tokens/s over the dense peer's, and fails on an error row."""
+    script = open(SCRIPT).read()
+    command = re.search(r"^part_moe\(\) \{.*?^\}", script, re.MULTILINE | re.DOTALL).group(0)
+    configs = re.search(r"--configs (\S+)", command).group(1).split(",")
+    assert configs == ["Qwen3A3B_moe", "Qwen3A3B_dense", "GLaM126M64E"]
+    built = {name: experiment(name, "auto", tiny=False, devices=1) for name in configs}
+    moe, dense, glam = built.values()
+    assert (moe.NUM_LAYERS, moe.NUM_EXPERTS, moe.NUM_EXPERTS_PER_TOKEN) == (4, 128, 8)
+    assert moe.ICI_MESH_SHAPE == dense.ICI_MESH_SHAPE == glam.ICI_MESH_SHAPE == [1, 1, 1]
+    assert moe.expert_shards() == 1 and moe.MAX_SEQ_LEN == dense.MAX_SEQ_LEN
+    assert dense.NUM_EXPERTS == 0
+    assert dense.HIDDEN_DIMS == moe.NUM_EXPERTS_PER_TOKEN * moe.MOE_HIDDEN_DIMS
+    assert (glam.NUM_GPUS, glam.NUM_EXPERTS, glam.ATTENTION_IMPL) == (1, 64, "praxis")
+
+    (tmp_path / "moe.json").write_text(json.dumps([
+        {"experiment": "Qwen3A3B_moe", "attention": "auto", "mfu": 0.05, "tokens_per_s": 3000.0,
+         "peak_memory_gib": 61.0},
+        {"experiment": "Qwen3A3B_dense", "attention": "auto", "mfu": 0.4,
+         "tokens_per_s": 40000.0, "peak_memory_gib": 13.4},
+        {"experiment": "GLaM126M64E", "attention": "auto", "error": "timed out after 100s"}]))
+    done = key("moe", tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.strip() == ("Qwen3A3B_moe 5.0% MFU, peak 61.0 GiB, x0.07 dense tokens/s; "
+                                   "Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; GLaM126M64E: timed "
+                                   "out after 100s")

@@ -62,9 +62,10 @@ def llama(num_heads: int, num_kv_heads: int, head_dim: int, **config):
     return randomized(LlamaForCausalLM(LlamaConfig(
         num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=256,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
-        max_position_embeddings=SEQ_LEN, rms_norm_eps=1e-5,
-        # a base far from the default: a RoPE base that is not mapped shows
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **config)))
+        rms_norm_eps=1e-5, **{
+            "max_position_embeddings": SEQ_LEN,
+            # a base far from the default: a RoPE base that is not mapped shows
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, **config})))
 
 
 def paxloom(hf_dir, **overrides):
@@ -245,12 +246,14 @@ GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=256,
 
 
 @pytest.mark.parametrize("config,message", [
-    (dict(LLAMA, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-     'config.json rope_scaling={"rope_type": "linear", "factor": 2.0}: Paxloom\'s RoPE has '
-     "no scaling (only rope_type 'default')"),
-    (dict(LLAMA, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
-     'config.json rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, '
-     "\"factor\": 8.0}: Paxloom's RoPE has no scaling (only rope_type 'default')"),
+    # linear, llama3 and yarn scaling map (tests/test_rope.py); what changes with the
+    # sequence's length or needs per-frequency lists does not
+    (dict(LLAMA, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+     'config.json rope_scaling={"rope_type": "dynamic", "factor": 2.0}: Paxloom scales RoPE '
+     "as rope_type linear, llama3, yarn, or not at all"),
+    (dict(LLAMA, rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0}),
+     'config.json rope_parameters={"rope_type": "longrope", "rope_theta": 500000.0, '
+     '"factor": 8.0}: Paxloom scales RoPE as rope_type linear, llama3, yarn, or not at all'),
     (dict(LLAMA, attention_bias=True),
      "config.json attention_bias=true: Paxloom's Llama has no attention biases"),
     (dict(LLAMA, hidden_act="gelu"),
@@ -268,7 +271,7 @@ GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=256,
      'config.json model_type="mistral": Paxloom imports gpt2 (GPT2LMHeadModel), llama '
      "(LlamaForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) "
      "models"),
-], ids=["rope_scaling", "llama3_rope", "attention_bias", "llama_gelu", "untied_gpt2",
+], ids=["dynamic_rope", "longrope", "attention_bias", "llama_gelu", "untied_gpt2",
         "layer_idx_scaling", "gpt2_relu", "mistral"])
 def test_what_paxloom_does_not_model_is_refused_in_one_line(config, message, tmp_path):
     with pytest.raises(UserError) as error:

@@ -14,8 +14,9 @@ the directory has one, `--vocab_path` its tokenizer.json. Add the rest of the ru
         --fdl.DATASET='"text"' --data_dir=my_texts --job_log_dir=runs/tinyllama-ft
 
 It is the inverse of tools/export_hf.py (both map names through runner/state/hf_format.py):
-a directory export wrote maps back onto the model it came from. What Paxloom does not
-model (scaled RoPE, biases in a Llama, an untied GPT-2, ...) is refused with one line
+a directory export wrote maps back onto the model it came from, RoPE scaling included
+(Llama 3.x's "llama3", "linear", "yarn"). What Paxloom does not model (a "dynamic" or
+"longrope" RoPE scaling, biases in a Llama, an untied GPT-2, ...) is refused with one line
 naming the config.json key (exit status 2). Nothing is read but config.json; the flags
 are checked by building the experiment and comparing its model with the config.
 """

@@ -21,6 +21,12 @@ where it differs from the target's 1/sqrt(head dim) (`query_fold`), norm scales 
 multipliers (praxis stores offsets from 1), experts as one Linear each (save_pretrained's
 layout; transformers 5's fused gate_up_proj is read too).
 
+RoPE scaling maps both ways between Hugging Face's `rope_parameters` (or the older
+`rope_scaling`) and the Llama family's ROPE_SCALING_* hyperparameters (layers/rope.py
+computes "linear", "llama3" and "yarn" as transformers does); what changes with the
+sequence ("dynamic"), needs per-frequency lists ("longrope") or rotates part of a head
+(partial_rotary_factor) is refused, as are YaRN's attention-factor overrides.
+
 Qwen3-MoE is refused: it normalises each head's queries and keys before RoPE (q_norm,
 k_norm), which Paxloom's Llama does not build. Hugging Face adds one load-balancing loss
 over all mixture layers' tokens (router_aux_loss_coef), Paxloom one per mixture layer
@@ -38,6 +44,7 @@ import numpy as np
 from safetensors import safe_open
 
 from core.errors import UserError
+from layers import rope
 from layers.architecture import Architecture, WeightMismatch, praxis_params
 from runner.state.checkpoints import flat_params
 
@@ -58,6 +65,13 @@ HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "silu": "silu", "relu
 # transformers' names of the tanh-approximated GELU, the one Paxloom's GPT uses: the same
 # expression, differently implemented.
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# A RoPE scaling's parameters (layers/rope.py's RopeScaling fields, which are
+# Hugging Face's rope_parameters keys) -> the hyperparameters that set them.
+_ROPE_HYPERPARAMETERS = {
+    "factor": "ROPE_SCALING_FACTOR", "low_freq_factor": "ROPE_LOW_FREQ_FACTOR",
+    "high_freq_factor": "ROPE_HIGH_FREQ_FACTOR",
+    "original_max_position_embeddings": "ROPE_ORIGINAL_MAX_POSITION",
+    "beta_fast": "ROPE_BETA_FAST", "beta_slow": "ROPE_BETA_SLOW"}
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -172,7 +186,7 @@ def llama_config(arch: Architecture, max_seq_len: int) -> dict:
         "hidden_act": HF_ACTIVATIONS[arch.activation],
         "max_position_embeddings": max_seq_len,
         "rms_norm_eps": arch.final_norm.epsilon,
-        "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_max_timescale},
+        "rope_parameters": rope_parameters(arch),
         "attention_bias": arch.attention_bias,
         "attention_dropout": 0.0,
         "mlp_bias": arch.mlp_bias,
@@ -200,6 +214,14 @@ def llama_config(arch: Architecture, max_seq_len: int) -> dict:
                   decoder_sparse_step=moe_interval(arch), mlp_only_layers=[], qkv_bias=True,
                   use_sliding_window=False)
     return config
+
+
+def rope_parameters(arch: Architecture) -> dict:
+    """A rotary model's `rope_parameters`: its base, and its scaling's type and parameters."""
+    scaling = arch.rope_scaling
+    return {"rope_type": "default" if scaling.kind == "none" else scaling.kind,
+            "rope_theta": arch.rope_max_timescale,
+            **{name: getattr(scaling, name) for name in rope.PARAMETERS[scaling.kind]}}
 
 
 def query_fold(arch: Architecture) -> float:
@@ -384,24 +406,87 @@ def _gpt2_fields(config: dict) -> list[tuple[str, str, object]]:
     ]
 
 
-def _rope_theta(config: dict) -> tuple[str, float]:
-    """(key, RoPE base) of a Llama config: transformers 5.x's `rope_parameters`, or the
-    older `rope_theta` and `rope_scaling`; refuses any scaled or partial RoPE."""
-    why = "Paxloom's RoPE has no scaling (only rope_type 'default')"
+def _rope_fields(config: dict) -> list[tuple[str, str, object]]:
+    """(Paxloom hyperparameter, config.json key, value) of a Llama config's RoPE: its base,
+    and its scaling when it has one (layers/rope.py), from transformers 5.x's
+    `rope_parameters` or the older `rope_theta` and `rope_scaling`; refuses a partial RoPE
+    and any scaling, or scaling key, that layers/rope.py does not compute."""
     for key in ("rope_scaling", "rope_parameters"):
-        rope = config.get(key)
-        if rope is None:
+        value = config.get(key)
+        if value is None:
             continue
-        if not isinstance(rope, dict):
-            _refuse(key, rope, "expected an object")
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            _refuse(key, rope, why)
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            _refuse(key, rope, "Paxloom's RoPE rotates the whole head (partial_rotary_factor 1)")
-    parameters = config.get("rope_parameters") or {}
-    if parameters.get("rope_theta") is not None:
-        return "rope_parameters.rope_theta", float(parameters["rope_theta"])
-    return "rope_theta", float(config.get("rope_theta", 10000.0))
+        if not isinstance(value, dict):
+            _refuse(key, value, "expected an object")
+        if value.get("partial_rotary_factor", 1.0) != 1.0:
+            _refuse(key, value, "Paxloom's RoPE rotates the whole head (partial_rotary_factor 1)")
+    # transformers reads rope_scaling when a config has it, else rope_parameters; the base
+    # from there, else from rope_theta
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    scaling = config.get(key) or {}
+    if scaling.get("rope_theta") is not None:
+        fields = [("ROPE_MAX_WAVELENGTH", f"{key}.rope_theta", float(scaling["rope_theta"]))]
+    else:
+        fields = [("ROPE_MAX_WAVELENGTH", "rope_theta", float(config.get("rope_theta", 10000.0)))]
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return fields
+    if kind not in rope.SCALINGS:
+        _refuse(key, scaling, f"Paxloom scales RoPE as rope_type "
+                f"{', '.join(k for k in rope.SCALINGS if k != 'none')}, or not at all")
+    if kind == "yarn":
+        _check_yarn(key, scaling)
+    fields.append(("ROPE_SCALING_TYPE", f"{key}.rope_type", kind))
+    for name in rope.PARAMETERS[kind]:
+        fields.append((_ROPE_HYPERPARAMETERS[name],
+                       *_rope_parameter(config, key, scaling, kind, name)))
+    return fields
+
+
+def _check_yarn(key: str, scaling: dict) -> None:
+    """Refuse what transformers' YaRN reads besides layers/rope.py's parameters."""
+    why = "Paxloom's YaRN derives its attention factor from factor alone (0.1 ln factor + 1)"
+    if scaling.get("attention_factor") is not None:
+        _refuse(f"{key}.attention_factor", scaling["attention_factor"], why)
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):  # as transformers reads them
+        _refuse(f"{key}.mscale_all_dim", scaling["mscale_all_dim"], why)
+    if not scaling.get("truncate", True):
+        _refuse(f"{key}.truncate", scaling["truncate"],
+                "Paxloom's YaRN ramps between whole pairs of dimensions (truncate true)")
+
+
+def _rope_parameter(config: dict, key: str, scaling: dict, kind: str,
+                    name: str) -> tuple[str, object]:
+    """(config.json key, value) of the parameter `name` of a RoPE scaling `kind`, with
+    transformers' defaults and precedence."""
+    if name == "original_max_position_embeddings":
+        # a top-level value wins (Phi-3's configs), then the scaling's, then the model's
+        # context, as transformers' standardize_rope_params reads them
+        for where, source in ((name, config), (f"{key}.{name}", scaling)):
+            if source.get(name) is not None:
+                return where, _whole(where, source[name])
+        return "max_position_embeddings", _required(config, "max_position_embeddings")
+    value = scaling.get(name)
+    if name in ("beta_fast", "beta_slow"):  # transformers: `or 32`, `or 1`
+        return f"{key}.{name}", _number(f"{key}.{name}", value or getattr(rope.NONE, name))
+    if value is None and kind == "yarn":  # the factor: transformers' ratio of the contexts
+        _, original = _rope_parameter(config, key, scaling, kind,
+                                      "original_max_position_embeddings")
+        return "max_position_embeddings", _required(config, "max_position_embeddings") / original
+    if value is None:
+        raise UserError(f"{CONFIG} {key} has no {name}: cannot scale RoPE")
+    return f"{key}.{name}", _number(f"{key}.{name}", value)
+
+
+def _number(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _refuse(key, value, "expected a number")
+    return float(value)
+
+
+def _whole(key: str, value) -> int:
+    if not _number(key, value).is_integer():
+        _refuse(key, value, "expected a whole number of positions")
+    return int(value)
 
 
 def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
@@ -417,7 +502,6 @@ def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
         value = config.get(key, default)
         if not ok(value):
             _refuse(key, value, why)
-    rope_key, theta = _rope_theta(config)
     width, heads = _required(config, "hidden_size"), _required(config, "num_attention_heads")
     # transformers' defaults: a head of hidden_size / heads, as many key/value heads as heads
     head_dim = config.get("head_dim")
@@ -432,7 +516,7 @@ def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
         ("MAX_SEQ_LEN", "max_position_embeddings", _required(config, "max_position_embeddings")),
         ("LAYERNORM_EPSILON", "rms_norm_eps", float(config.get("rms_norm_eps", 1e-6))),
         ("NUM_KV_HEADS", "num_key_value_heads", heads if kv_heads is None else kv_heads),
-        ("ROPE_MAX_WAVELENGTH", rope_key, theta),
+        *_rope_fields(config),
     ]
 
 
@@ -529,6 +613,9 @@ def _arch_value(arch: Architecture, name: str):
         "MAX_SEQ_LEN": arch.max_positions,
         "LAYERNORM_EPSILON": arch.final_norm.epsilon if arch.final_norm else None,
         "NUM_KV_HEADS": arch.num_kv_heads, "ROPE_MAX_WAVELENGTH": arch.rope_max_timescale,
+        "ROPE_SCALING_TYPE": arch.rope_scaling.kind,
+        **{hyperparameter: getattr(arch.rope_scaling, field)
+           for field, hyperparameter in _ROPE_HYPERPARAMETERS.items()},
         "NUM_EXPERTS": experts.num_experts if experts else 0,
         "NUM_EXPERTS_PER_TOKEN": experts and experts.per_token,
         "MOE_HIDDEN_DIMS": experts and experts.hidden_dims,
@@ -558,6 +645,11 @@ def check_config(path, arch: Architecture) -> None:
         if have is not None and have != value:
             raise UserError(f"{CONFIG} {key}={_show(value)} differs from the run's model "
                             f"({name}={have!r}); set --fdl.{name}={value!r}")
+    names = {name for name, _, _ in fields}
+    if family == "llama" and "ROPE_SCALING_TYPE" not in names and arch.rope_scaling.kind != "none":
+        raise UserError(f"{CONFIG} has no RoPE scaling, the run's model has "
+                        f"ROPE_SCALING_TYPE={arch.rope_scaling.kind!r}; set "
+                        f"--fdl.ROPE_SCALING_TYPE='none'")
     if family == "llama" and arch.tied_embedding and not config.get("tie_word_embeddings"):
         _refuse("tie_word_embeddings", config.get("tie_word_embeddings", False),
                 "the run's model ties its output layer to the embedding")
