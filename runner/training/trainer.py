@@ -122,12 +122,17 @@ class Trainer:
         which praxis's TransformerLm adds when their collection is mutable."""
         # Parameters the optimizer freezes (USE_LORA: all but the adapters) get no gradient.
         params = optimizer.stop_frozen_gradients(self.tx, params)
+        # Summaries carry the step metrics. praxis's pipeline fails to unpack them for some
+        # schedules (GPT175BPipelined's), and no layer reporting them runs in one (a mixture
+        # of experts refuses pipeline stages).
+        mutable = [base_layer.AUX_LOSS] + ([base_layer.SUMMARIES] if self.run.pipeline is None
+                                           else [])
         with praxis_context(do_eval=False):
             (metrics, _), collections = self.model.apply(
                 {"params": params},
                 as_model_batch(batch, self.model.fprop_dtype),
                 rngs={"random": key, "dropout": key},
-                mutable=[base_layer.AUX_LOSS, base_layer.SUMMARIES],
+                mutable=mutable,
             )
         return metrics.total_loss, step_metrics.collect(collections.get(base_layer.SUMMARIES, {}))
 
