@@ -27,6 +27,7 @@ if typing.TYPE_CHECKING:
 
     from core import data
     from core.target import TargetDevice
+    from layers.stack import Dropout
 
 class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, groups.Pipeline,
                      groups.MixtureOfExperts,
@@ -106,12 +107,16 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
             packed_input=self.PACKED_INPUT,
             use_repeated_layer=self.USE_REPEATED_LAYER,
             checkpoint_policy_name=self.CHECKPOINT_POLICY,
-            dropout_prob=self.DROPOUT_PROB,
-            input_dropout_prob=self.INPUT_DROPOUT_PROB,
-            atten_dropout_prob=self.ATTEN_DROPOUT_PROB,
-            residual_dropout_prob=self.RESIDUAL_DROPOUT_PROB,
-            relu_dropout_prob=self.RELU_DROPOUT_PROB,
+            dropout=self.dropout(),
         )
+
+    def dropout(self) -> "Dropout":
+        """The stack's dropout probabilities (layers/stack.py)."""
+        from layers import stack
+
+        return stack.Dropout(prob=self.DROPOUT_PROB, input=self.INPUT_DROPOUT_PROB,
+                             atten=self.ATTEN_DROPOUT_PROB,
+                             residual=self.RESIDUAL_DROPOUT_PROB, relu=self.RELU_DROPOUT_PROB)
 
     # --- The data seam -------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from experiments import groups
 from experiments.base import BaseExperiment
 from experiments.gpt import GPT126M
 from experiments.hyperparameters import class_name
+from experiments.recipes import SampleCorpusOnCPU
 from experiments.registry import register
 
 # The names a GLaM model reads from the MixtureOfExperts group; the rest of that group
@@ -127,11 +128,7 @@ class GLaMBase(BaseExperiment):
             packed_input=self.PACKED_INPUT,
             fprop_dtype=self.FPROP_DTYPE,
             init_std=self.INIT_STD,
-            dropout_prob=self.DROPOUT_PROB,
-            input_dropout_prob=self.INPUT_DROPOUT_PROB,
-            atten_dropout_prob=self.ATTEN_DROPOUT_PROB,
-            residual_dropout_prob=self.RESIDUAL_DROPOUT_PROB,
-            relu_dropout_prob=self.RELU_DROPOUT_PROB,
+            dropout=self.dropout(),
         )
 
 
@@ -223,7 +220,7 @@ class LambadaGLaM64B64E(GLaM64B64EBase):
 
 
 @register
-class GLaMTiny(GLaMBase):
+class GLaMTiny(SampleCorpusOnCPU, GLaMBase):
     """4 layers x 64 (2 of them with 8 experts, split over the data axis) on the built-in
     sample corpus, 8 fake CPU devices (like Tiny).
 
@@ -233,17 +230,4 @@ class GLaMTiny(GLaMBase):
     NUM_GPUS = 8
     NUM_EXPERTS = 8
     NUM_LAYERS = 4
-    DATASET = "sample"
-    LAMBADA_EVAL = True
-    VOCAB_SIZE = 1024  # the sample vocabulary's size
-    MAX_SEQ_LEN = 128
     ICI_MESH_SHAPE = [1, 8, 1]
-    PERCORE_BATCH_SIZE = 2
-    LEARNING_RATE = 3e-3
-    LR_COS_WARMUP = 20
-    LR_COS_DECAY_START = 20
-    LR_COS_DECAY_END = 800
-    MAX_STEPS = 800
-    SUMMARY_INTERVAL_STEPS = 50
-    EVAL_INTERVAL_STEPS = 200
-    CHECKPOINT_EVERY_N_STEPS = 200

@@ -15,8 +15,7 @@ The Synthetic* variants train on generated data for benchmarks. The dataset is a
 hyperparameter like any other: `--fdl.DATASET="synthetic"` switches any of them.
 """
 
-from experiments.base import BaseExperiment
-from experiments.recipes import PileTraining, SyntheticData
+from experiments.recipes import PileTraining, SampleCorpusOnCPU, SyntheticData
 from experiments.registry import register
 
 
@@ -247,23 +246,9 @@ class Synthetic175B(SyntheticData, GPT175B):
 
 
 @register
-class Tiny(BaseExperiment):
+class Tiny(SampleCorpusOnCPU):
     """A 2-layer, 64-wide GPT on the built-in sample corpus, 8 fake CPU devices (`make run`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.Tiny --job_log_dir=runs/tiny
     """
 
-    DATASET = "sample"
-    LAMBADA_EVAL = True
-    VOCAB_SIZE = 1024  # the sample vocabulary's size
-    MAX_SEQ_LEN = 128
-    ICI_MESH_SHAPE = [2, 2, 2]
-    PERCORE_BATCH_SIZE = 2
-    LEARNING_RATE = 3e-3
-    LR_COS_WARMUP = 20
-    LR_COS_DECAY_START = 20
-    LR_COS_DECAY_END = 800
-    MAX_STEPS = 800  # under 2 minutes on 2 CPU cores
-    SUMMARY_INTERVAL_STEPS = 50
-    EVAL_INTERVAL_STEPS = 200
-    CHECKPOINT_EVERY_N_STEPS = 200

@@ -19,15 +19,16 @@ layers, 4096 wide, 32 heads in 8 key/value groups of 128, 8 experts of 14336 in 
 layer, top-2, RoPE theta 1e6, the 32000-piece vocabulary); Qwen3MoE30B_A3B is Qwen3-30B-A3B
 (Qwen Team 2025, "Qwen3 Technical Report", table 2 and its released config: 48 layers, 2048
 wide, 32 query heads of 128 in 4 key/value groups, 128 experts of 768, top-8 renormalised,
-no shared expert, RoPE theta 1e6, RMSNorm epsilon 1e-6, a 151936-piece vocabulary). Only
-the shape: layers/llama.py has no per-head RMSNorm of queries and keys (Qwen3's QK-norm).
+no shared expert, RoPE theta 1e6, RMSNorm epsilon 1e-6, a 151936-piece vocabulary), with
+its per-head RMSNorm of queries and keys before RoPE (QK-norm, USE_QK_NORM): Qwen3's
+architecture exactly, so its released weights import (runner/state/hf_format.py).
 Neither publishes its training recipe; theirs here is Llama 2's (PileTraining's AdamW,
 peak 3e-4 with 2000 warmup steps, cosine to 10%).
 """
 
 from core.errors import UserError
 from experiments.base import BaseExperiment
-from experiments.recipes import PileTraining
+from experiments.recipes import PileTraining, SampleCorpusOnCPU
 from experiments.registry import register
 
 
@@ -45,6 +46,9 @@ class LlamaBase(BaseExperiment):
     ROPE_ORIGINAL_MAX_POSITION: int = 8192  # llama3, yarn: the context trained before
     ROPE_BETA_FAST: float = 32.0  # yarn
     ROPE_BETA_SLOW: float = 1.0  # yarn
+    # Qwen3's QK-norm: each head's queries and keys RMS-normalised before RoPE, one learned
+    # [DIMS_PER_HEAD] scale for the queries and one for the keys (layers/qk_norm.py).
+    USE_QK_NORM: bool = False
     CHOICES = {**BaseExperiment.CHOICES,
                # layers/rope.py's SCALINGS (tests/test_rope.py checks they agree)
                "ROPE_SCALING_TYPE": ("none", "linear", "llama3", "yarn")}
@@ -106,6 +110,7 @@ class LlamaBase(BaseExperiment):
             loss_chunk_len=self.loss_chunk_len(),
             experts=self.experts_template(),
             experts_interval=self.MOE_LAYER_INTERVAL,
+            use_qk_norm=self.USE_QK_NORM,
         )
 
     def experts_template(self):
@@ -188,7 +193,7 @@ class Llama2_7B(_LlamaOnThePile):
 
 
 @register
-class LlamaTiny(LlamaBase):
+class LlamaTiny(SampleCorpusOnCPU, LlamaBase):
     """2 layers x 64 on the built-in sample corpus, 8 fake CPU devices (like Tiny).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python main.py --fdl_config=experiments.LlamaTiny --job_log_dir=runs/llama-tiny
@@ -196,20 +201,6 @@ class LlamaTiny(LlamaBase):
 
     NUM_HEADS = 4
     NUM_KV_HEADS = 2
-    DATASET = "sample"
-    LAMBADA_EVAL = True
-    VOCAB_SIZE = 1024  # the sample vocabulary's size
-    MAX_SEQ_LEN = 128
-    ICI_MESH_SHAPE = [2, 2, 2]
-    PERCORE_BATCH_SIZE = 2
-    LEARNING_RATE = 3e-3
-    LR_COS_WARMUP = 20
-    LR_COS_DECAY_START = 20
-    LR_COS_DECAY_END = 800
-    MAX_STEPS = 800
-    SUMMARY_INTERVAL_STEPS = 50
-    EVAL_INTERVAL_STEPS = 200
-    CHECKPOINT_EVERY_N_STEPS = 200
 
 
 # ----- Pax's LLaMA experiments (paxml/contrib/gpu/scripts_gpu/configs.py) --------------------
@@ -369,7 +360,7 @@ class Mixtral8x7B(_LlamaOnThePile):
 
 @register
 class Qwen3MoE30B_A3B(_LlamaOnThePile):
-    """Qwen3-30B-A3B shape (no QK-norm): 128 experts of 768 in every layer, top-8
+    """Qwen3-30B-A3B (its QK-norm included): 128 experts of 768 in every layer, top-8
     renormalised, dropless (30.5B parameters, 3.35B of them a token's), on 8 GPUs: the
     experts over the data axis (16 per GPU), the other weights split over it too (FSDP).
     XLA:GPU plans it at 111 GiB a GPU, for H200s; `--mode=plan` says what fits others.
@@ -386,6 +377,7 @@ class Qwen3MoE30B_A3B(_LlamaOnThePile):
     VOCAB_SIZE = 151936
     LAYERNORM_EPSILON = 1e-6
     ROPE_MAX_WAVELENGTH = 1e6
+    USE_QK_NORM = True
     NUM_EXPERTS = 128
     NUM_EXPERTS_PER_TOKEN = 8
     MOE_HIDDEN_DIMS = 768

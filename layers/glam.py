@@ -22,10 +22,10 @@ itself from the same block template when `use_repeated_layer` is False.
 
 import fiddle as fdl
 from praxis import base_layer, pax_fiddle
-from praxis.layers import checkpoint_policy, glam, transformers
+from praxis.layers import glam, transformers
 
 from core.step_metrics import report_step_metric
-from layers.stack import language_model
+from layers.stack import NO_DROPOUT, Dropout, language_model, rematerialise
 
 
 class GShardFeedForward(transformers.TransformerFeedForwardMoe):
@@ -73,11 +73,7 @@ def glam_model(
     packed_input: bool,
     fprop_dtype: str,
     init_std: float,
-    dropout_prob: float = 0.0,
-    input_dropout_prob: float = 0.0,
-    atten_dropout_prob: float | None = None,
-    residual_dropout_prob: float | None = None,
-    relu_dropout_prob: float | None = None,
+    dropout: Dropout = NO_DROPOUT,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a GLaM decoder (module docstring).
 
@@ -85,9 +81,7 @@ def glam_model(
     own expert capacity (Pax: the product of the mesh's data-parallel axes).
     `moe_load_balance_loss_weight`: the weight of each mixture layer's aux loss.
     `init_std`: the model's default Gaussian init, as Pax sets it (every GLaM weight has
-    GShard's own). Remat follows layers/stack.py's transformer_stack: a scanned stack
-    rematerialises each block with the policy ("none": saving everything), a plain one
-    only when a policy other than "none" is named.
+    GShard's own). Remat is layers/stack.py's `rematerialise`.
     """
     lm = glam.GlamUniTransformerLmHParams(
         name="glam_lm",
@@ -113,18 +107,10 @@ def glam_model(
     )
     lm.packed_input = packed_input
     fdl.update_callable(lm.stacked_transformer_tpl.block.moe_layer_tpl, GShardFeedForward)
-    policy = checkpoint_policy.AutodiffCheckpointType(
-        "save_everything" if checkpoint_policy_name == "none" else checkpoint_policy_name)
-    repeated = lm.stacked_transformer_tpl
-    block = repeated.block  # [MoE, dense]
-    block.set(dropout_prob=dropout_prob, input_dropout_prob=input_dropout_prob,
-              atten_dropout_prob=atten_dropout_prob,
-              residual_dropout_prob=residual_dropout_prob, relu_dropout_prob=relu_dropout_prob)
-    if use_repeated_layer:
-        repeated.checkpoint_policy = policy
-    else:  # praxis head's glam.py with repeat=False
+    block = lm.stacked_transformer_tpl.block  # [MoE, dense]
+    block.set(**dropout.fields())
+    if not use_repeated_layer:  # praxis head's glam.py with repeat=False
         block.set(num_layers=num_layers, moe_layers=list(range(0, num_layers, 2)))
-        if checkpoint_policy_name != "none":
-            block.set(remat=True, checkpoint_policy=policy)
         lm.stacked_transformer_tpl = block
+    rematerialise(lm.stacked_transformer_tpl, checkpoint_policy_name)
     return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)

@@ -9,6 +9,8 @@ is unsharded: the runtime adds sharding last (runner/state/partitioning.py), wha
 layer classes the template holds.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 from praxis import base_layer, pax_fiddle
 from praxis.layers import (
@@ -28,6 +30,39 @@ def gaussian(std: float) -> pax_fiddle.Config:
     return pax_fiddle.Config(base_layer.WeightInit, method="gaussian", scale=std)
 
 
+@dataclasses.dataclass(frozen=True)
+class Dropout:
+    """A stack's dropout probabilities, praxis StackedTransformer's: `None` falls back to
+    `prob`."""
+
+    prob: float = 0.0
+    input: float = 0.0  # on the stack's input (embeddings)
+    atten: float | None = None  # on attention probabilities
+    residual: float | None = None  # on each residual branch
+    relu: float | None = None  # inside the feed-forward
+
+    def fields(self) -> dict:
+        """As StackedTransformer's fields."""
+        return dict(dropout_prob=self.prob, input_dropout_prob=self.input,
+                    atten_dropout_prob=self.atten, residual_dropout_prob=self.residual,
+                    relu_dropout_prob=self.relu)
+
+
+NO_DROPOUT = Dropout()
+
+
+def rematerialise(stack: pax_fiddle.Config, checkpoint_policy_name: str) -> None:
+    """Pax's remat on a stack config, in place: a repeated stack always rematerialises each
+    scanned block with the policy ("none" = save everything); a plain stack does so only
+    when a policy other than "none" is named."""
+    policy = checkpoint_policy.AutodiffCheckpointType(
+        "save_everything" if checkpoint_policy_name == "none" else checkpoint_policy_name)
+    if issubclass(stack.cls, transformers.StackedTransformerRepeated):
+        stack.checkpoint_policy = policy
+    elif checkpoint_policy_name != "none":  # else praxis's default: no remat
+        stack.set(remat=True, checkpoint_policy=policy)
+
+
 def transformer_stack(
     *,
     num_layers: int,
@@ -38,20 +73,11 @@ def transformer_stack(
     packed_input: bool,
     use_repeated_layer: bool,
     checkpoint_policy_name: str,
-    dropout_prob: float = 0.0,
-    input_dropout_prob: float = 0.0,
-    atten_dropout_prob: float | None = None,
-    residual_dropout_prob: float | None = None,
-    relu_dropout_prob: float | None = None,
+    dropout: Dropout = NO_DROPOUT,
 ) -> pax_fiddle.Config:
-    """A causal StackedTransformer (or one layer scanned NUM_LAYERS times), praxis defaults.
-
-    Dropout probabilities keep praxis's meaning: `None` falls back to `dropout_prob`.
-    Remat follows the Pax configs: a repeated stack always rematerialises each layer
-    with the policy ("none" = save everything); a plain stack does so only when a
-    policy other than "none" is named.
-    """
-    block = pax_fiddle.Config(
+    """A causal StackedTransformer (or one layer scanned NUM_LAYERS times), praxis defaults,
+    rematerialised as the Pax configs do (`rematerialise`)."""
+    stack = pax_fiddle.Config(
         transformers.StackedTransformer,
         num_layers=num_layers,
         model_dims=model_dims,
@@ -60,24 +86,16 @@ def transformer_stack(
         dim_per_head=dims_per_head,
         mask_self_attention=True,  # causal
         packed_input=packed_input,
-        dropout_prob=dropout_prob,
-        input_dropout_prob=input_dropout_prob,
-        atten_dropout_prob=atten_dropout_prob,
-        residual_dropout_prob=residual_dropout_prob,
-        relu_dropout_prob=relu_dropout_prob,
+        **dropout.fields(),
     )
-    policy = checkpoint_policy.AutodiffCheckpointType(
-        "save_everything" if checkpoint_policy_name == "none" else checkpoint_policy_name
-    )
-    if not use_repeated_layer:
-        block.remat = checkpoint_policy_name != "none"
-        block.checkpoint_policy = policy
-        return block
-    # One layer's weights stacked NUM_LAYERS times and run under lax.scan: compile
-    # time stays flat as the model gets deeper.
-    block.num_layers = 1
-    return pax_fiddle.Config(transformers.StackedTransformerRepeated, block=block,
-                             x_times=num_layers, checkpoint_policy=policy)
+    if use_repeated_layer:
+        # One layer's weights stacked NUM_LAYERS times and run under lax.scan: compile
+        # time stays flat as the model gets deeper.
+        stack.num_layers = 1
+        stack = pax_fiddle.Config(transformers.StackedTransformerRepeated, block=stack,
+                                  x_times=num_layers)
+    rematerialise(stack, checkpoint_policy_name)
+    return stack
 
 
 def transformer_layer_template(stack: pax_fiddle.Config) -> pax_fiddle.Config:
