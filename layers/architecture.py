@@ -2,11 +2,11 @@
 
 `architecture_of(model_config)` reads a praxis LanguageModel config (layers/gpt.py,
 layers/llama.py, or a user's variant of them) and returns an `Architecture`: sizes,
-norms, position encoding (RoPE's scaling included, layers/rope.py), activation, biases,
-query scaling, and the mixture of experts (layers/moe.py's MoeFeedForward) with the
-layers that have it. Anything the cached decoder (layers/cached_lm.py) would compute
-differently from praxis is refused with `UnsupportedModel`, one line naming the setting,
-never approximated. One deliberate
+norms (QK-norm's included, layers/qk_norm.py), position encoding (RoPE's scaling
+included, layers/rope.py), activation, biases, query scaling, and the mixture of experts
+(layers/moe.py's MoeFeedForward) with the layers that have it. Anything the cached
+decoder (layers/cached_lm.py) would compute differently from praxis is refused with
+`UnsupportedModel`, one line naming the setting, never approximated. One deliberate
 exception: a mixture trained with a capacity (CAPACITY_FACTOR > 0) is described, and
 decoded, dropless, as Hugging Face's Mixtral and Qwen-MoE compute: which tokens a capacity
 drops depends on the rest of the batch, a training-time bound, not part of the model.
@@ -40,7 +40,7 @@ from praxis.layers import (
 )
 
 from layers import attention as fused_attention
-from layers import layer_layout, lora, moe, rope
+from layers import layer_layout, lora, moe, qk_norm, rope
 from layers import softmax as softmax_layers
 from layers.stack import transformer_layer_template
 
@@ -61,9 +61,12 @@ class Norm:
 _ACTIVATIONS = {activations.SiLU: "silu", activations.ReLU: "relu"}
 _GELU_NAMES = {True: "gelu_tanh", False: "gelu"}
 # Attention classes whose maths is DotProductAttention's (the fused one only swaps kernels).
+# The QK-norm ones add a norm that Architecture.qk_norm describes.
 _DOT_PRODUCT_ATTENTIONS = (attentions.DotProductAttention,
+                           qk_norm.QkNormDotProductAttention,
                            fused_attention.FusedDotProductAttention)
 _MULTI_QUERY_ATTENTIONS = (multi_query_attention.MultiQueryDotProductAttention,
+                           qk_norm.QkNormMultiQueryDotProductAttention,
                            fused_attention.FusedMultiQueryDotProductAttention)
 # An attention's projection templates and the praxis class each must be (or adapt: LoRA's
 # low-rank term merges into the weight, canonical_weights).
@@ -128,6 +131,8 @@ class Architecture:
     experts: Experts | None = None  # the mixture of experts, in the layers moe_layers names
     moe_layers: tuple[int, ...] = ()  # layers (0 = next to the embedding) with `experts`
     rope_scaling: rope.RopeScaling = rope.NONE  # of a rotary model's frequencies
+    # Each head's queries and keys normalised before RoPE (QK-norm, layers/qk_norm.py)
+    qk_norm: Norm | None = None
 
     @property
     def layout(self) -> layer_layout.StackLayout:
@@ -189,7 +194,7 @@ def architecture_of(model) -> Architecture:
         _require(_activation(mixture.activation_tpl, "the mixture's activation") == activation,
                  "the mixture of experts' activation differs from the dense feed-forward's")
     atten, softmax = layer.tr_atten_tpl, lm.softmax_tpl
-    num_kv_heads, query_scale = _attention(atten, block)
+    num_kv_heads, query_scale, qk = _attention(atten, block)
     positions, max_positions, rope_min, rope_max, rope_scaling = _positions(lm, atten)
     tied, embedding_scale = _softmax(lm, block.model_dims)
     return Architecture(
@@ -210,7 +215,7 @@ def architecture_of(model) -> Architecture:
         tied_embedding=tied,
         embedding_scale=embedding_scale, query_scale=query_scale, repeated=repeated,
         fprop_dtype=jnp.dtype(model.fprop_dtype).name, stack_layout=layout,
-        experts=experts, moe_layers=moe_layers, rope_scaling=rope_scaling,
+        experts=experts, moe_layers=moe_layers, rope_scaling=rope_scaling, qk_norm=qk,
     )
 
 
@@ -243,8 +248,9 @@ def _decoder_layers(stack):
     return layout, repeated, block, layer
 
 
-def _attention(atten, block) -> tuple[int, float]:
-    """(key/value heads, query scale) of an attention template the decoder reproduces."""
+def _attention(atten, block) -> tuple[int, float, Norm | None]:
+    """(key/value heads, query scale, QK-norm) of an attention template the decoder
+    reproduces."""
     if issubclass(_cls(atten), multi_query_attention.MultiQueryDotProductAttention):
         _require(_cls(atten) in _MULTI_QUERY_ATTENTIONS, f"attention is {_cls(atten).__name__}")
         num_kv_heads = atten.num_kv_heads
@@ -269,7 +275,9 @@ def _attention(atten, block) -> tuple[int, float]:
     # praxis scales queries by the head size, or by model_dims // num_heads (_scale_query).
     by_head_dim = atten.scale_query_by_dim_per_head
     scale = _dims_per_head(block) if by_head_dim else block.model_dims // block.num_heads
-    return num_kv_heads, float(scale) ** -0.5
+    norm = getattr(atten, "qk_norm_tpl", None)
+    return (num_kv_heads, float(scale) ** -0.5,
+            None if norm is None else _norm(norm, "the query/key norm (QK-norm)"))
 
 
 def _positions(lm, atten):
@@ -377,6 +385,10 @@ def _linear(params: dict, prefix: str, out: dict, name: str) -> None:
         out[f"{name}_bias"] = params[prefix]["bias"]["b"]
 
 
+# The QK-norm's children of an attention, and their canonical names (layers/qk_norm.py).
+_QK_NORMS = ("q_norm", "k_norm")
+
+
 def _attention_weights(params: dict, arch: Architecture, out: dict) -> None:
     if "combined_qkv" in params:  # w [3, D, N, H], b [3, N, H]
         for i, name in enumerate("qkv"):
@@ -393,6 +405,9 @@ def _attention_weights(params: dict, arch: Architecture, out: dict) -> None:
     out["o"] = params["post"]["w"]  # [D, N, H]: out = einsum('...NH,DNH->...D')
     if "b" in params["post"]:
         out["o_bias"] = params["post"]["b"]
+    if arch.qk_norm is not None:
+        for name in _QK_NORMS:
+            out[name] = _norm_weights(params[name], arch.qk_norm)
 
 
 # A mixture's weights: canonical name -> MoeFeedForward's (router [D, E], expert_gate and
@@ -405,8 +420,9 @@ _EXPERT_WEIGHTS = {"router": "router", "expert_gate": "wi_gate", "expert_up": "w
 
 def _layer_weights(params: dict, arch: Architecture, mixture: bool) -> dict:
     """One layer's canonical weights: attention_norm {scale, bias?}, q/k/v [D, heads, H]
-    (+ _bias [heads, H]), o [D, N, H] (+ o_bias [D]), mlp_norm, and either up [D, F], gate
-    [D, F] (gated only), down [F, D] (+ _bias), or, in a mixture layer, _EXPERT_WEIGHTS."""
+    (+ _bias [heads, H]), o [D, N, H] (+ o_bias [D]), q_norm and k_norm {scale [H]} with
+    QK-norm, mlp_norm, and either up [D, F], gate [D, F] (gated only), down [F, D]
+    (+ _bias), or, in a mixture layer, _EXPERT_WEIGHTS."""
     out = {"attention_norm": _norm_weights(params["layer_norm"], arch.attention_norm)}
     _attention_weights(params["self_attention"], arch, out)
     ff = params["ff_layer"]
@@ -549,6 +565,10 @@ def _praxis_layer(layer: dict, arch: Architecture, like: dict) -> dict:
     attention["post"] = {"w": layer["o"]}
     if "o_bias" in layer:
         attention["post"]["b"] = layer["o_bias"]
+    for name in _QK_NORMS:  # as they are for a model without QK-norm: _fit refuses them
+        if name in layer:
+            attention[name] = (layer[name] if arch.qk_norm is None
+                               else _praxis_norm(layer[name], arch.qk_norm))
     ff = {"layer_norm": _praxis_norm(layer["mlp_norm"], arch.mlp_norm)}
     if "router" in layer:  # a mixture layer
         ff.update({praxis_name: layer[name] for name, praxis_name in _EXPERT_WEIGHTS.items()

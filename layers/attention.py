@@ -33,10 +33,11 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
-from praxis import base_layer, py_utils
+from praxis import py_utils
 from praxis.layers import attentions, multi_query_attention
 
 from core import target
+from layers import qk_norm
 
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "auto")
 # cuDNN's packed layout with fewer key/value heads than query heads computed key/value
@@ -119,8 +120,9 @@ class _FusedKernels:
         )(query, key, value, segment_ids)
 
 
-class FusedDotProductAttention(_FusedKernels, attentions.DotProductAttention):
-    """praxis's DotProductAttention whose `_dot_atten` is one fused call (module docstring)."""
+class FusedDotProductAttention(_FusedKernels, qk_norm.QkNormDotProductAttention):
+    """praxis's DotProductAttention whose `_dot_atten` is one fused call (module docstring),
+    with layers/qk_norm.py's QK-norm when `qk_norm_tpl` is set."""
 
     attention_impl: str = "xla"
     cudnn_packed: bool = True
@@ -136,13 +138,14 @@ class FusedDotProductAttention(_FusedKernels, attentions.DotProductAttention):
 
 
 class FusedMultiQueryDotProductAttention(_FusedKernels,
-                                         multi_query_attention.MultiQueryDotProductAttention):
+                                         qk_norm.QkNormMultiQueryDotProductAttention):
     """praxis's MultiQueryDotProductAttention (num_kv_heads key/value heads shared by groups
-    of query heads) with the fused step. praxis runs its per-group `_dot_atten` under a
-    vmap over key/value heads, which no fused kernel's packed layout survives (cuDNN's
-    batching rule flattens the segment lengths), so `__call__` is restated here for the
-    training forward pass: projections, rotary embeddings, one fused call over all heads,
-    output projection. Decoding uses layers/cached_lm.py, not praxis's decode state.
+    of query heads) with the fused step, and layers/qk_norm.py's QK-norm when
+    `qk_norm_tpl` is set. praxis runs its per-group `_dot_atten` under a vmap over
+    key/value heads, which no fused kernel's packed layout survives (cuDNN's batching rule
+    flattens the segment lengths), so `__call__` is restated here for the training forward
+    pass: projections, (QK-norm,) rotary embeddings, one fused call over all heads, output
+    projection. Decoding uses layers/cached_lm.py, not praxis's decode state.
     """
 
     attention_impl: str = "xla"
@@ -155,19 +158,8 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
             raise NotImplementedError(
                 f"ATTENTION_IMPL={self.attention_impl!r} has no relative bias or logit cap")
 
-        # As praxis: the weight-gradient matmuls compute with the model dim replicated.
-        def replicate_last_dim(x):
-            return base_layer.maybe_shard(x, [None] * x.ndim, self.mesh_axis_names,
-                                          unconstrained_dims=range(x.ndim - 1))
-
-        query = checkpoint_name(self.query(replicate_last_dim(query_vec)), "query_proj")
-        key = checkpoint_name(self.key(replicate_last_dim(key_vec)), "key_proj")
-        value = checkpoint_name(self.value(replicate_last_dim(value_vec)), "value_proj")
-        if self.num_kv_heads == 1:  # one shared head comes as [B, S, H]
-            key, value = key[:, :, None, :], value[:, :, None, :]
-        if self.use_rotary_position_emb:
-            query = self.rotary_position_emb(query, query_segment_pos)
-            key = self.rotary_position_emb(key, key_segment_pos)
+        query, key, value = self._project(query_vec, key_vec, value_vec)
+        query, key = self._normalize_and_rotate(query, key, query_segment_pos, key_segment_pos)
         encoded = self._fused_context(self._scale_query(query), key, value, atten_mask)
         encoded = self._shard_bld(self.post(encoded))
         return checkpoint_name(encoded, "out_proj"), None
@@ -364,9 +356,12 @@ def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = 
     if impl == "praxis":
         return
     attention = layer.tr_atten_tpl
+    # The fused classes derive from the QK-norm ones: a QK-norm template keeps its norm.
     fused = {attentions.DotProductAttention: FusedDotProductAttention,
+             qk_norm.QkNormDotProductAttention: FusedDotProductAttention,
              multi_query_attention.MultiQueryDotProductAttention:
-                 FusedMultiQueryDotProductAttention}
+                 FusedMultiQueryDotProductAttention,
+             qk_norm.QkNormMultiQueryDotProductAttention: FusedMultiQueryDotProductAttention}
     fused_cls = next((f for c, f in fused.items() if attention.cls in (c, f)), None)
     if fused_cls is None:
         raise ValueError(f"ATTENTION_IMPL={impl!r} replaces praxis's DotProductAttention or "

@@ -85,6 +85,8 @@ def _attention(x, layer: dict, layer_cache: dict, arch: Architecture, positions,
     batch, length = x.shape[:2]
     h = _norm(x, layer["attention_norm"], arch.attention_norm)
     q, k, v = (_project(h, layer, name) for name in "qkv")  # [B, T, heads, H]
+    if arch.qk_norm is not None:  # each head's queries and keys, before RoPE (QK-norm)
+        q, k = _norm(q, layer["q_norm"], arch.qk_norm), _norm(k, layer["k_norm"], arch.qk_norm)
     if arch.positions == "rotary":
         q, k = _rope(q, positions, arch), _rope(k, positions, arch)
     q = q * jnp.asarray(arch.query_scale, q.dtype)

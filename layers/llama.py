@@ -8,6 +8,9 @@ and optional grouped-query attention (num_kv_heads < num_heads).
 RMSNorm scales are stored as offsets from 1 (`direct_scale=False`, like praxis's
 LayerNorm), so weight decay pulls them towards 1, not 0.
 
+With `use_qk_norm`, each head's queries and keys also pass an RMSNorm before RoPE
+(layers/qk_norm.py: Qwen3 and Qwen3-MoE), the family's RMSNorm with its epsilon.
+
 With `loss_chunk_len` > 0 the output layer is layers/softmax.py's FullSoftmax subclass,
 whose training cross-entropy runs over chunks of the sequence (same parameters, same loss).
 """
@@ -20,7 +23,7 @@ from praxis.layers import (
     normalizations,
 )
 
-from layers import moe, rope
+from layers import moe, qk_norm, rope
 from layers.stack import (
     language_model,
     separate_softmax,
@@ -47,11 +50,13 @@ def llama_model(
     loss_chunk_len: int = 0,
     experts: pax_fiddle.Config | None = None,
     experts_interval: int = 1,
+    use_qk_norm: bool = False,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a Llama-style decoder around `stack`;
     with `experts` (a layers/moe.py MoeFeedForward config), every `experts_interval`-th
     layer's feed-forward is that mixture of experts (Mixtral, Qwen-MoE); `rope_scaling`
-    scales RoPE's frequencies for a longer context (layers/rope.py: Llama 3.1, YaRN)."""
+    scales RoPE's frequencies for a longer context (layers/rope.py: Llama 3.1, YaRN);
+    `use_qk_norm` normalises each head's queries and keys before RoPE (Qwen3)."""
     rms_norm = pax_fiddle.Config(normalizations.RmsNorm, epsilon=norm_epsilon,
                                  direct_scale=False)
     lm = transformer_lm(
@@ -80,6 +85,8 @@ def llama_model(
     layer.tr_atten_tpl.set(use_bias=False, use_rotary_position_emb=True,
                            rotary_position_emb_tpl=rope.template(rope_max_wavelength,
                                                                  rope_scaling))
+    if use_qk_norm:
+        qk_norm.use_qk_norm(layer.tr_atten_tpl, rms_norm.clone())
     if experts is not None:
         moe.with_experts(lm.stacked_transformer_tpl, experts, experts_interval)
     return language_model(lm, fprop_dtype=fprop_dtype, init_std=init_std)

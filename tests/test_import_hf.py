@@ -105,6 +105,25 @@ def paxloom_logits(model, mesh, params, ids: np.ndarray) -> np.ndarray:
         return np.asarray(jax.jit(forward)(params, batch))
 
 
+def assert_imported_logits_equal(hf_model, hf_dir, **overrides):
+    """Save `hf_model` (transformers) to `hf_dir`, import it into the run hyperparameters()
+    makes of it (with `overrides`), and check praxis's logits equal transformers'. Returns
+    (the run's experiment, its Architecture)."""
+    hf_model.save_pretrained(hf_dir)
+    exp, arch, model, mesh, like = paxloom(hf_dir, **overrides)
+    params = placed(hf_format.read_params(hf_dir, arch, like), like)
+
+    # 8 rows, 2 per batch shard, as a run's batch (PERCORE_BATCH_SIZE=1). On this mesh
+    # with exactly one row per shard (4 rows), XLA:CPU gives wrong logits for rows 1 and 2
+    # with the parameters sharded (and right ones with them replicated): not the import's.
+    ids = np.random.default_rng(0).integers(0, 256, (8, SEQ_LEN))
+    with torch.no_grad():
+        want = hf_model(torch.tensor(ids)).logits.numpy()
+    got = paxloom_logits(model, mesh, params, ids)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return exp, arch
+
+
 @pytest.mark.parametrize("make,overrides", [
     (gpt2, {}),
     # 4 query heads over 2 key/value heads: separate query, key and value projections
@@ -115,19 +134,7 @@ def paxloom_logits(model, mesh, params, ids: np.ndarray) -> np.ndarray:
     (lambda: llama(4, 4, 32), dict(USE_REPEATED_LAYER=True)),
 ], ids=["gpt", "llama_gqa", "llama_wide_heads_repeated"])
 def test_paxloom_computes_the_logits_of_a_transformers_checkpoint(make, overrides, tmp_path):
-    hf_model = make()
-    hf_model.save_pretrained(tmp_path)
-    _, arch, model, mesh, like = paxloom(tmp_path, **overrides)
-    params = placed(hf_format.read_params(tmp_path, arch, like), like)
-
-    # 8 rows, 2 per batch shard, as a run's batch (PERCORE_BATCH_SIZE=1). On this mesh
-    # with exactly one row per shard (4 rows), XLA:CPU gives wrong logits for rows 1 and 2
-    # with the parameters sharded (and right ones with them replicated): not the import's.
-    ids = np.random.default_rng(0).integers(0, 256, (8, SEQ_LEN))
-    with torch.no_grad():
-        want = hf_model(torch.tensor(ids)).logits.numpy()
-    got = paxloom_logits(model, mesh, params, ids)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_imported_logits_equal(make(), tmp_path, **overrides)
 
 
 def test_a_sharded_or_bfloat16_checkpoint_reads_as_the_float32_file(tmp_path):
@@ -238,6 +245,10 @@ def write_config(directory, **config):
     return directory
 
 
+# What an unknown model_type is told.
+KNOWN = ("Paxloom imports gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mixtral "
+         "(MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), qwen3 (Qwen3ForCausalLM), "
+         "qwen3_moe (Qwen3MoeForCausalLM) models")
 LLAMA = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
              max_position_embeddings=32, rms_norm_eps=1e-5)
@@ -268,9 +279,7 @@ GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=256,
      'config.json activation_function="relu": Paxloom\'s GPT uses the tanh-approximated '
      "GELU (gelu_new)"),
     (dict(LLAMA, model_type="mistral"),
-     'config.json model_type="mistral": Paxloom imports gpt2 (GPT2LMHeadModel), llama '
-     "(LlamaForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) "
-     "models"),
+     'config.json model_type="mistral": ' + KNOWN),
 ], ids=["dynamic_rope", "longrope", "attention_bias", "llama_gelu", "untied_gpt2",
         "layer_idx_scaling", "gpt2_relu", "mistral"])
 def test_what_paxloom_does_not_model_is_refused_in_one_line(config, message, tmp_path):

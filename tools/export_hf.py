@@ -5,8 +5,10 @@
 The GPT family (layers/gpt.py) becomes a `GPT2LMHeadModel`, the Llama family
 (layers/llama.py) a `LlamaForCausalLM`, or with a mixture of experts (layers/moe.py) a
 `MixtralForCausalLM` (every layer, renormalised top-k) or a `Qwen2MoeForCausalLM` (a
-gated shared expert, mixtures every Nth layer); the target follows from the model itself
-(learned positions and LayerNorm, or rotary positions and RMSNorm, and its experts). The directory holds
+gated shared expert, mixtures every Nth layer); with QK-norm (USE_QK_NORM,
+layers/qk_norm.py) a `Qwen3ForCausalLM`, or with a mixture a `Qwen3MoeForCausalLM`. The
+target follows from the model itself (learned positions and LayerNorm, or rotary
+positions and RMSNorm, its query/key norms and its experts). The directory holds
 config.json, model.safetensors (float32, as trained) and, for a model trained on text,
 the run's own tokenizer (its graph's `tokenizer` node, the object training encoded with) as
 tokenizer files that encode exactly as training did (tools/hf_tokenizer.py): a
@@ -20,9 +22,10 @@ praxis details are translated, not approximated (runner/state/hf_format.py holds
 names and layouts, beside the import's): norm scales stored as offsets from 1 become the
 multipliers themselves (layers/architecture.py); q, k, v go to GPT-2's
 combined `c_attn` (Conv1D [in, out], q then k then v, heads in order) or Llama's separate
-projections; praxis's query scale is folded into the query weights wherever it differs
-from the target's 1/sqrt(head dim); praxis's RoPE rotates the two halves of each head as
-Llama's rotate_half does, so q and k need no permutation. What a target cannot express
+projections; praxis's query scale is folded into the query weights (with QK-norm, into
+the query norm's scale) wherever it differs from the target's 1/sqrt(head dim); praxis's
+RoPE rotates the two halves of each head as Llama's rotate_half does, so q and k need no
+permutation. What a target cannot express
 (an embedding scale, a bias on the output layer, an untied GPT output layer, ...) is
 refused with one line (exit status 2).
 

@@ -3,9 +3,10 @@
     python -m tools.import_hf --hf_dir=hf/tinyllama
 
 prints, one per line, the `--fdl_config` of the matching family (a GPT2LMHeadModel is the
-GPT of experiments.base.BaseExperiment; a LlamaForCausalLM, MixtralForCausalLM or
-Qwen2MoeForCausalLM experiments.llama.LlamaBase, the last two with NUM_EXPERTS and the
-other mixture-of-experts flags),
+GPT of experiments.base.BaseExperiment; a LlamaForCausalLM, Qwen3ForCausalLM,
+MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM
+experiments.llama.LlamaBase, the Qwen3 classes with USE_QK_NORM=True, the mixtures with
+NUM_EXPERTS and the other mixture-of-experts flags),
 the `--fdl.NAME=VALUE` sizes that give it the checkpoint's parameters,
 `--fdl.CHECKPOINT_RESTORE_PATH` (the run's parameters start from the checkpoint) and, when
 the directory has one, `--vocab_path` its tokenizer.json. Add the rest of the run:

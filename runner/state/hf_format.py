@@ -2,7 +2,8 @@
 of GPT2LMHeadModel (the GPT family, layers/gpt.py) and of the Llama family's classes
 (layers/llama.py): LlamaForCausalLM, and with a mixture of experts (layers/moe.py)
 MixtralForCausalLM or Qwen2MoeForCausalLM, which share Llama's names for everything
-but the feed-forward.
+but the feed-forward; with QK-norm (USE_QK_NORM, layers/qk_norm.py) Qwen3ForCausalLM,
+or with a mixture Qwen3MoeForCausalLM, Llama's names plus q_norm and k_norm.
 
 Export (tools/export_hf.py): `check_representable`, then `gpt2_config`/`llama_config` and
 `gpt2_tensors`/`llama_tensors` from layers/architecture.py's canonical weights.
@@ -17,7 +18,8 @@ layers/architecture.py's `praxis_params`, the inverse of `canonical_weights`.
 
 Both directions translate the same conventions: Conv1D [in, out] and Linear [out, in]
 weights, GPT-2's combined q | k | v, praxis's query scale folded into the query weights
-where it differs from the target's 1/sqrt(head dim) (`query_fold`), norm scales as
+where it differs from the target's 1/sqrt(head dim) (`query_fold`; with QK-norm into
+the query norm's scale, since the norm would undo it on the weights), norm scales as
 multipliers (praxis stores offsets from 1), experts as one Linear each (save_pretrained's
 layout; transformers 5's fused gate_up_proj is read too).
 
@@ -27,10 +29,9 @@ computes "linear", "llama3" and "yarn" as transformers does); what changes with 
 sequence ("dynamic"), needs per-frequency lists ("longrope") or rotates part of a head
 (partial_rotary_factor) is refused, as are YaRN's attention-factor overrides.
 
-Qwen3-MoE is refused: it normalises each head's queries and keys before RoPE (q_norm,
-k_norm), which Paxloom's Llama does not build. Hugging Face adds one load-balancing loss
-over all mixture layers' tokens (router_aux_loss_coef), Paxloom one per mixture layer
-(LOAD_BALANCING_WEIGHT): the coefficient maps divided by the number of mixture layers.
+Hugging Face adds one load-balancing loss over all mixture layers' tokens
+(router_aux_loss_coef), Paxloom one per mixture layer (LOAD_BALANCING_WEIGHT): the
+coefficient maps divided by the number of mixture layers.
 """
 
 import contextlib
@@ -52,12 +53,18 @@ GPT2 = "GPT2LMHeadModel"
 LLAMA = "LlamaForCausalLM"
 MIXTRAL = "MixtralForCausalLM"
 QWEN2_MOE = "Qwen2MoeForCausalLM"
+QWEN3 = "Qwen3ForCausalLM"
+QWEN3_MOE = "Qwen3MoeForCausalLM"
 # config.json model_type -> the class whose names the checkpoint uses
-CLASSES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE}
+CLASSES = {"gpt2": GPT2, "llama": LLAMA, "mixtral": MIXTRAL, "qwen2_moe": QWEN2_MOE,
+           "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE}
+_MIXTURES = (MIXTRAL, QWEN2_MOE, QWEN3_MOE)
+_QK_NORMED = (QWEN3, QWEN3_MOE)  # the classes with q_norm and k_norm
 # Where each mixture class keeps its experts: the layer's module, then the names of each
 # expert's gate, up and down projections (torch Linear, [out, in]).
 _EXPERT_NAMES = {MIXTRAL: ("block_sparse_moe", "w1", "w3", "w2"),
-                 QWEN2_MOE: ("mlp", "gate_proj", "up_proj", "down_proj")}
+                 QWEN2_MOE: ("mlp", "gate_proj", "up_proj", "down_proj"),
+                 QWEN3_MOE: ("mlp", "gate_proj", "up_proj", "down_proj")}
 _SHARED_EXPERT = (("gate_proj", "shared_gate"), ("up_proj", "shared_up"),
                   ("down_proj", "shared_down"))
 # Paxloom activation name -> transformers' ACT2FN name.
@@ -72,6 +79,7 @@ _ROPE_HYPERPARAMETERS = {
     "high_freq_factor": "ROPE_HIGH_FREQ_FACTOR",
     "original_max_position_embeddings": "ROPE_ORIGINAL_MAX_POSITION",
     "beta_fast": "ROPE_BETA_FAST", "beta_slow": "ROPE_BETA_SLOW"}
+_WHY_WINDOW = "Paxloom's attention sees the whole context (no sliding window)"
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -79,9 +87,12 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 
 def target(arch: Architecture) -> str:
     """The transformers class a model exports to: learned positions make a GPT-2, rotary
-    ones a Llama; a mixture of experts a Mixtral, or a Qwen2-MoE with a shared expert."""
+    ones a Llama; a mixture of experts a Mixtral, or a Qwen2-MoE with a shared expert;
+    QK-norm a Qwen3, or with a mixture of experts a Qwen3-MoE."""
     if arch.positions == "learned":
         return GPT2
+    if arch.qk_norm is not None:
+        return QWEN3 if arch.experts is None else QWEN3_MOE
     if arch.experts is None:
         return LLAMA
     return QWEN2_MOE if arch.experts.shared_hidden_dims else MIXTRAL
@@ -101,8 +112,10 @@ def check_representable(arch: Architecture, target: str, importing: bool = False
     """UserError naming the first thing `target` cannot express exactly (when exporting),
     or that a `target` checkpoint cannot give the run's model (when importing)."""
     norm = "layer_norm" if target == GPT2 else "rms_norm"
-    norms = [arch.attention_norm, arch.mlp_norm, arch.final_norm]
+    norms = [arch.attention_norm, arch.mlp_norm, arch.final_norm, arch.qk_norm]
     problems = [
+        (arch.qk_norm is not None and target not in _QK_NORMED,
+         f"{target} does not normalise queries and keys (QK-norm)"),
         (arch.final_norm is None, "the model has no final norm"),
         (any(n is not None and n.kind != norm for n in norms),
          f"{target} normalises with {norm.replace('_', ' ')} everywhere"),
@@ -138,11 +151,17 @@ def check_representable(arch: Architecture, target: str, importing: bool = False
     if target == QWEN2_MOE:
         problems += [
             (arch.attention_bias or arch.mlp_bias, "Qwen2-MoE's only biases are q, k and v's"),
-            (moe_interval(arch) is None,
-             "Qwen2-MoE's mixture layers are the last of every N (decoder_sparse_step)"),
             (not arch.experts.gate_shared_expert,
              "Qwen2-MoE gates its shared expert (MOE_SHARED_EXPERT_GATE=True)"),
         ]
+    if target in _QK_NORMED:
+        problems.append((arch.mlp_bias, f"{target}'s feed-forward has no biases"))
+    if target == QWEN3_MOE:
+        problems.append((arch.experts.shared_hidden_dims > 0, "Qwen3-MoE has no shared expert"))
+    if target in (QWEN2_MOE, QWEN3_MOE):
+        problems.append((moe_interval(arch) is None,
+                         f"{target}'s mixture layers are the last of every N "
+                         f"(decoder_sparse_step)"))
     action = f"import {target} exactly into the run's model" if importing else (
         f"export to {target} exactly")
     for failed, what in problems:
@@ -195,24 +214,35 @@ def llama_config(arch: Architecture, max_seq_len: int) -> dict:
     kind = target(arch)
     if kind == LLAMA:
         return config
+    del config["mlp_bias"]  # Llama's alone
+    if kind != MIXTRAL:  # the Qwen classes' switch; Mixtral's is sliding_window
+        config["use_sliding_window"] = False
+    if kind == QWEN3:
+        config["model_type"] = "qwen3"
+        return config
     experts = arch.experts
-    del config["attention_bias"], config["mlp_bias"]  # neither class has these keys
     config.update(
         num_experts_per_tok=experts.per_token,
         # one loss over every mixture layer's tokens, where Paxloom adds one per layer
         router_aux_loss_coef=experts.load_balancing_weight * len(arch.moe_layers))
     if kind == MIXTRAL:
+        del config["attention_bias"]  # not a Mixtral key
         config.update(model_type="mixtral", intermediate_size=experts.hidden_dims,
                       num_local_experts=experts.num_experts, sliding_window=None,
                       router_jitter_noise=0.0)
         return config
+    # Qwen2-MoE and Qwen3-MoE: a mixture in the last of every decoder_sparse_step layers
+    config.update(moe_intermediate_size=experts.hidden_dims,
+                  num_experts=experts.num_experts, norm_topk_prob=experts.renormalize,
+                  decoder_sparse_step=moe_interval(arch), mlp_only_layers=[])
+    if kind == QWEN3_MOE:
+        config["model_type"] = "qwen3_moe"
+        return config
     # transformers before 5 gives Qwen2-MoE q, k and v biases whatever the config says:
     # qkv_bias, with zero biases (llama_tensors), reads the same in every version.
-    config.update(model_type="qwen2_moe", moe_intermediate_size=experts.hidden_dims,
-                  shared_expert_intermediate_size=experts.shared_hidden_dims,
-                  num_experts=experts.num_experts, norm_topk_prob=experts.renormalize,
-                  decoder_sparse_step=moe_interval(arch), mlp_only_layers=[], qkv_bias=True,
-                  use_sliding_window=False)
+    del config["attention_bias"]  # not a Qwen2-MoE key
+    config.update(model_type="qwen2_moe",
+                  shared_expert_intermediate_size=experts.shared_hidden_dims, qkv_bias=True)
     return config
 
 
@@ -225,9 +255,17 @@ def rope_parameters(arch: Architecture) -> dict:
 
 
 def query_fold(arch: Architecture) -> float:
-    """Both targets scale queries by 1/sqrt(head dim); praxis may use another factor
+    """Every target scales queries by 1/sqrt(head dim); praxis may use another factor
     (model_dims // num_heads): the ratio goes into the query weights and bias."""
     return arch.query_scale / arch.dims_per_head ** -0.5
+
+
+def _query_folds(arch: Architecture) -> tuple[float, float]:
+    """(factor of the query weights and bias, factor of the query norm's scale) in the
+    target's tensors. With QK-norm, `query_fold` goes into the norm's scale: the norm
+    would undo it on the weights (RoPE, being linear, commutes with it)."""
+    fold = query_fold(arch)
+    return (1.0, fold) if arch.qk_norm is not None else (fold, 1.0)
 
 
 def _bias(layer: dict, name: str, shape) -> np.ndarray:
@@ -273,10 +311,10 @@ def gpt2_tensors(arch: Architecture, weights: dict) -> dict:
 
 def llama_tensors(arch: Architecture, weights: dict) -> dict:
     """The tensors of the Llama family's class `target(arch)` (LlamaForCausalLM,
-    MixtralForCausalLM, Qwen2MoeForCausalLM) from canonical weights
-    (layers/architecture.py)."""
+    MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM) from
+    canonical weights (layers/architecture.py)."""
     d = arch.model_dims
-    fold = query_fold(arch)
+    fold, norm_fold = _query_folds(arch)
     kind = target(arch)
     tensors = {"model.embed_tokens.weight": weights["embed"],
                "model.norm.weight": weights["final_norm"]["scale"]}
@@ -292,6 +330,9 @@ def llama_tensors(arch: Architecture, weights: dict) -> dict:
             if arch.attention_bias:
                 tensors[prefix + f"self_attn.{name}_proj.bias"] = (
                     layer[f"{name}_bias"].reshape(-1) * (fold if name == "q" else 1))
+        if kind in _QK_NORMED:
+            tensors[prefix + "self_attn.q_norm.weight"] = layer["q_norm"]["scale"] * norm_fold
+            tensors[prefix + "self_attn.k_norm.weight"] = layer["k_norm"]["scale"]
         if kind == QWEN2_MOE:  # qkv_bias (llama_config): zeros
             for name, w in (("q", layer["q"]), ("k", layer["k"]), ("v", layer["v"])):
                 tensors[prefix + f"self_attn.{name}_proj.bias"] = np.zeros(
@@ -489,23 +530,29 @@ def _whole(key: str, value) -> int:
     return int(value)
 
 
-def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
-    """(Paxloom hyperparameter, config.json key, value) of a Llama config."""
+def _llama_fields(config: dict, model_type: str) -> list[tuple[str, str, object]]:
+    """(Paxloom hyperparameter, config.json key, value) of a config of the Llama family's
+    class of `model_type`. Keys in parentheses name what the class itself fixes."""
     rules = [
         ("hidden_act", "silu", lambda v: v == "silu",
          "Paxloom's Llama gates its feed-forward with SiLU"),
         ("attention_bias", False, lambda v: v is False,
          "Paxloom's Llama has no attention biases"),
         ("mlp_bias", False, lambda v: v is False, "Paxloom's Llama has no feed-forward biases"),
+        # the Qwen classes' switch (Mixtral's is sliding_window, _moe_fields)
+        ("use_sliding_window", False, lambda v: v is False, _WHY_WINDOW),
     ]
     for key, default, ok, why in rules:
         value = config.get(key, default)
         if not ok(value):
             _refuse(key, value, why)
     width, heads = _required(config, "hidden_size"), _required(config, "num_attention_heads")
-    # transformers' defaults: a head of hidden_size / heads, as many key/value heads as heads
-    head_dim = config.get("head_dim")
+    # transformers' defaults: a head of hidden_size / heads (Qwen3Config's: 128), as many
+    # key/value heads as heads
+    head_dim = config.get("head_dim", 128 if model_type == "qwen3" else None)
     kv_heads = config.get("num_key_value_heads")
+    qk_norm = [("USE_QK_NORM", f"({model_type}: q_norm, k_norm)", True)
+               ] if CLASSES[model_type] in _QK_NORMED else []
     return [
         ("NUM_LAYERS", "num_hidden_layers", _required(config, "num_hidden_layers")),
         ("MODEL_DIMS", "hidden_size", width),
@@ -517,17 +564,17 @@ def _llama_fields(config: dict) -> list[tuple[str, str, object]]:
         ("LAYERNORM_EPSILON", "rms_norm_eps", float(config.get("rms_norm_eps", 1e-6))),
         ("NUM_KV_HEADS", "num_key_value_heads", heads if kv_heads is None else kv_heads),
         *_rope_fields(config),
+        *qk_norm,
     ]
 
 
 def _moe_fields(config: dict, model_type: str) -> list[tuple[str, str, object]]:
-    """(Paxloom hyperparameter, config.json key, value) of a Mixtral or Qwen2-MoE mixture
-    of experts (the Llama fields describe the rest). Keys in parentheses name what the
-    class itself fixes."""
+    """(Paxloom hyperparameter, config.json key, value) of a Mixtral, Qwen2-MoE or
+    Qwen3-MoE mixture of experts (the Llama fields describe the rest). Keys in parentheses
+    name what the class itself fixes."""
     layers = _required(config, "num_hidden_layers")
-    why_window = "Paxloom's attention sees the whole context (no sliding window)"
     if model_type == "mixtral":
-        rules = [("sliding_window", None, lambda v: v is None, why_window),
+        rules = [("sliding_window", None, lambda v: v is None, _WHY_WINDOW),
                  ("router_jitter_noise", 0.0, lambda v: not v,
                   "Paxloom's router has no jitter noise")]
         experts = ("num_local_experts", _required(config, "num_local_experts"))
@@ -535,10 +582,12 @@ def _moe_fields(config: dict, model_type: str) -> list[tuple[str, str, object]]:
         hidden = ("intermediate_size", _required(config, "intermediate_size"))
         interval, renormalize = ("(mixtral: every layer)", 1), ("(mixtral: renormalised)", True)
         shared, gated = ("(mixtral: no shared expert)", 0), ("(mixtral: no shared expert)", False)
-    else:
-        rules = [("use_sliding_window", False, lambda v: v is False, why_window)]
-        experts = ("num_experts", _required(config, "num_experts"))
-        per_token = config.get("num_experts_per_tok", 4)
+    else:  # Qwen2-MoE and Qwen3-MoE, with transformers' defaults
+        rules = []
+        # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts, its alias
+        key = "num_local_experts" if config.get("num_local_experts") is not None else "num_experts"
+        experts = (key, _required(config, key))
+        per_token = config.get("num_experts_per_tok", 4 if model_type == "qwen2_moe" else 8)
         hidden = ("moe_intermediate_size", _required(config, "moe_intermediate_size"))
         step = config.get("decoder_sparse_step", 1)
         if not isinstance(step, int) or step < 1 or layers % step:
@@ -550,8 +599,13 @@ def _moe_fields(config: dict, model_type: str) -> list[tuple[str, str, object]]:
                     f"of every decoder_sparse_step={step} (MOE_LAYER_INTERVAL)")
         interval = ("decoder_sparse_step", step)
         renormalize = ("norm_topk_prob", bool(config.get("norm_topk_prob", False)))
-        width = _required(config, "shared_expert_intermediate_size")
-        shared, gated = ("shared_expert_intermediate_size", width), ("(qwen2_moe: gated)", width > 0)
+        if model_type == "qwen3_moe":
+            none = "(qwen3_moe: no shared expert)"
+            shared, gated = (none, 0), (none, False)
+        else:
+            width = _required(config, "shared_expert_intermediate_size")
+            shared = ("shared_expert_intermediate_size", width)
+            gated = ("(qwen2_moe: gated)", width > 0)
     for key, default, ok, why in rules:
         value = config.get(key, default)
         if not ok(value):
@@ -578,18 +632,15 @@ def _fields(path) -> tuple[str, list[tuple[str, str, object]], dict]:
     model_type = config.get("model_type")
     if model_type == "gpt2":
         return "gpt", _gpt2_fields(config), config
-    if model_type == "llama":
-        return "llama", _llama_fields(config), config
-    if model_type in ("mixtral", "qwen2_moe"):
-        fields = _llama_fields(config) + _moe_fields(config, model_type)
-        if model_type == "mixtral":  # intermediate_size is the experts' (MOE_HIDDEN_DIMS)
-            fields = [field for field in fields if field[0] != "HIDDEN_DIMS"]
-        return "llama", fields, config
-    if model_type == "qwen3_moe":
-        _refuse("model_type", model_type, "Qwen3-MoE normalises each head's queries and keys "
-                "before RoPE (q_norm, k_norm), which Paxloom's Llama does not")
-    known = ", ".join(f"{name} ({cls})" for name, cls in CLASSES.items())
-    _refuse("model_type", model_type, f"Paxloom imports {known} models")
+    if model_type not in CLASSES:
+        known = ", ".join(f"{name} ({cls})" for name, cls in CLASSES.items())
+        _refuse("model_type", model_type, f"Paxloom imports {known} models")
+    fields = _llama_fields(config, model_type)
+    if CLASSES[model_type] in _MIXTURES:
+        fields += _moe_fields(config, model_type)
+    if model_type == "mixtral":  # intermediate_size is the experts' (MOE_HIDDEN_DIMS)
+        fields = [field for field in fields if field[0] != "HIDDEN_DIMS"]
+    return "llama", fields, config
 
 
 def hyperparameters(path) -> tuple[str, dict]:
@@ -624,7 +675,14 @@ def _arch_value(arch: Architecture, name: str):
         "MOE_SHARED_HIDDEN_DIMS": experts and experts.shared_hidden_dims,
         "MOE_SHARED_EXPERT_GATE": experts and experts.gate_shared_expert,
         "LOAD_BALANCING_WEIGHT": None,  # training only: a run may choose its own
+        "USE_QK_NORM": arch.qk_norm is not None,
     }[name]
+
+
+# Llama-family hyperparameters whose field a config has only away from their default
+# (the default, what the config then lacks).
+_UNSTATED = {"ROPE_SCALING_TYPE": ("none", "RoPE scaling"),
+             "USE_QK_NORM": (False, "query and key norms (q_norm, k_norm: a Qwen3's)")}
 
 
 def check_config(path, arch: Architecture) -> None:
@@ -646,16 +704,17 @@ def check_config(path, arch: Architecture) -> None:
             raise UserError(f"{CONFIG} {key}={_show(value)} differs from the run's model "
                             f"({name}={have!r}); set --fdl.{name}={value!r}")
     names = {name for name, _, _ in fields}
-    if family == "llama" and "ROPE_SCALING_TYPE" not in names and arch.rope_scaling.kind != "none":
-        raise UserError(f"{CONFIG} has no RoPE scaling, the run's model has "
-                        f"ROPE_SCALING_TYPE={arch.rope_scaling.kind!r}; set "
-                        f"--fdl.ROPE_SCALING_TYPE='none'")
+    for name, (default, absent) in _UNSTATED.items():  # what a config states only when on
+        have = _arch_value(arch, name)
+        if family == "llama" and name not in names and have != default:
+            raise UserError(f"{CONFIG} has no {absent}, the run's model has {name}={have!r}; "
+                            f"set --fdl.{name}={default!r}")
     if family == "llama" and arch.tied_embedding and not config.get("tie_word_embeddings"):
         _refuse("tie_word_embeddings", config.get("tie_word_embeddings", False),
                 "the run's model ties its output layer to the embedding")
-    if config.get("model_type") == "llama" and arch.experts is not None:
-        _refuse("model_type", "llama", f"the run's model is a mixture of experts "
-                f"({target(arch)}); set --fdl.NUM_EXPERTS=0")
+    if CLASSES[config["model_type"]] in (LLAMA, QWEN3) and arch.experts is not None:
+        _refuse("model_type", config["model_type"], f"the run's model is a mixture of "
+                f"experts ({target(arch)}); set --fdl.NUM_EXPERTS=0")
     check_representable(arch, target(arch), importing=True)
 
 
@@ -760,7 +819,7 @@ def _llama_canonical(tensors: _Tensors, arch: Architecture, kind: str = LLAMA) -
     accepts them only as zeros, which the model's lack of biases computes."""
     d, h, f = arch.model_dims, arch.dims_per_head, arch.hidden_dims
     heads = {"q": arch.num_heads, "k": arch.num_kv_heads, "v": arch.num_kv_heads}
-    fold = query_fold(arch)
+    fold, norm_fold = _query_folds(arch)
 
     def layers() -> Iterator[dict]:
         for i in range(arch.num_layers):
@@ -778,6 +837,10 @@ def _llama_canonical(tensors: _Tensors, arch: Architecture, kind: str = LLAMA) -
                 if tensors.has(p + f"self_attn.{name}_proj.bias"):
                     b = tensors.get(p + f"self_attn.{name}_proj.bias", (count * h,))
                     layer[f"{name}_bias"] = b.reshape(count, h) / (fold if name == "q" else 1)
+            if arch.qk_norm is not None:  # check_config: the checkpoint is a Qwen3's
+                layer["q_norm"] = {
+                    "scale": tensors.get(p + "self_attn.q_norm.weight", (h,)) / norm_fold}
+                layer["k_norm"] = {"scale": tensors.get(p + "self_attn.k_norm.weight", (h,))}
             if i in arch.moe_layers:
                 layer.update(_expert_canonical(tensors, p, arch, kind))
                 yield layer
