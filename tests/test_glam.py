@@ -313,6 +313,7 @@ def test_main_refuses_an_odd_number_of_glam_layers_in_one_line(tmp_path):
 # ----- Training ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # about 20 s
 def test_glam_tiny_trains_with_the_load_balancing_loss_in_its_loss(tmp_path):
     from runner.state.train_state import as_model_batch, praxis_context
     from tests.support.training import make_trainer, run_steps

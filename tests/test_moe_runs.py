@@ -100,6 +100,7 @@ def moe_job(tmp_path_factory, env):
 SIGKILL_FLAGS = [EXPERIMENT, *model_flags(VOCAB_SIZE=None), *fdl_flags(**MOE)]
 
 
+@pytest.mark.slow  # about 28 s; tests/test_checkpoints_process.py does the same for Tiny quickly
 def test_a_mixture_killed_after_a_checkpoint_resumes_bitwise(tmp_path, env):
     kill_after = random.choice(range(2, 12, 2))
     print(f"SIGKILL once checkpoint {kill_after} exists")
