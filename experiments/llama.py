@@ -254,19 +254,26 @@ class LLaMA7B(LlamaBase):
     CHECKPOINT_MAX_TO_KEEP = 10
     # Pax's are evaluation-only (MAX_STEPS = 0); run_llama_boolq.sh trains 600 LoRA steps.
     MAX_STEPS = 600
+    # BoolQDataset's TRUE_TOKEN, FALSE_TOKEN (Pax: s.encode('yes'), s.encode('no')), as the
+    # words: each must be one token of the vocabulary, after "answer:" or alone.
+    BOOLQ_ANSWER_WORDS: list[str] = ["yes", "no"]
     # LoRAMixin
     USE_LORA = False
     LORA_RANK = 8
     LORA_TARGET_LAYERS = "all"
 
     def dataset(self):
-        """BoolQ rows start with LLaMA's BOS (BaseLLaMA's BOS_ID = 1), as Pax's do."""
+        """BoolQ rows start with LLaMA's BOS (BaseLLaMA's BOS_ID = 1), as Pax's do, and are
+        answered with BOOLQ_ANSWER_WORDS."""
         import dataclasses
 
         from tasks.boolq import BoolQ
 
         dataset = super().dataset()
-        return dataclasses.replace(dataset, bos_id=1) if isinstance(dataset, BoolQ) else dataset
+        if not isinstance(dataset, BoolQ):
+            return dataset
+        return dataclasses.replace(dataset, bos_id=1,
+                                   answer_words=tuple(self.BOOLQ_ANSWER_WORDS))
 
 
 @register

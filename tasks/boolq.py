@@ -161,8 +161,8 @@ def answer_token_ids(tokenizer: Tokenizer, words: Sequence[str] = ANSWER_WORDS
                 f"{len(alone)} tokens {alone} (and after 'answer:' as "
                 f"{len(after_cue) - len(cue)}), but BoolQ scores a single answer token: use a "
                 f"tokenizer in which {words[0]!r} and {words[1]!r} are single tokens (LLaMA's "
-                f"are), or set BoolQ(answer_words=...) to two words that are single tokens "
-                f"in this one")
+                f"are), or two words that are single tokens in this one: "
+                f"BoolQ(answer_words=...), --fdl.BOOLQ_ANSWER_WORDS in Pax's LLaMA experiments")
     if ids[0] == ids[1]:
         raise UserError(f"tokenizer {_tokenizer_name(tokenizer)} encodes {words[0]!r} and "
                         f"{words[1]!r} as the same token {ids[0]}; use a tokenizer that tells "

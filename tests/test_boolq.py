@@ -325,3 +325,16 @@ def test_tiny_experiment_trains_and_reports_boolq_accuracy(tmp_path, tokenizer_p
     rows = [json.loads(line) for line in open(tmp_path / "boolq_predictions.jsonl")]
     assert [r["answer"] for r in rows] == ["yes", "no", "yes", "no", "no"]
     assert np.mean([r["correct"] for r in rows]) == pytest.approx(results["boolq"]["accuracy"])
+
+
+def test_pax_llama_experiments_take_the_answer_words_from_a_hyperparameter(tmp_path):
+    """Issue 31: which words answer BoolQ is set without code (--fdl.BOOLQ_ANSWER_WORDS),
+    and the words reach the answer tokens."""
+    exp = experiments.resolve("experiments.LLaMA7B")(BOOLQ_ANSWER_WORDS=["true", "false"])
+    dataset = exp.dataset()
+    assert dataset.answer_words == ("true", "false") and dataset.bos_id == 1
+    texts = make_docs(100, seed=5) + [f"question: q?\nanswer: {w}" for w in ("true", "false")] * 500
+    path = train_hf_tokenizer(tmp_path, texts, vocab_size=400)
+    vocab = tokenizers.Tokenizer.from_file(str(path))
+    assert boolq.answer_token_ids(load_tokenizer(path), dataset.answer_words) == (
+        vocab.token_to_id("Ġtrue"), vocab.token_to_id("Ġfalse"))
