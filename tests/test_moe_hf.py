@@ -30,9 +30,12 @@ from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
 from layers import layer_layout as ll
-from runner.inference.generate import SamplingOptions, make_generate
 from runner.state import hf_format
-from tests.support.inference import praxis_logits, save_job
+from tests.support.inference import (
+    assert_greedy_continuations_equal_transformers,
+    praxis_logits,
+    save_job,
+)
 from tests.support.tiny import TINY
 from tests.test_import_hf import (
     KNOWN,
@@ -214,26 +217,9 @@ def assert_greedy_decoding_continues_as_transformers(hf_model, hf_dir, **overrid
     hf_model.save_pretrained(hf_dir)
     _, arch, _, mesh, like = paxloom(hf_dir, **overrides)
     params = placed(hf_format.read_params(hf_dir, arch, like), like)
-    prompts = [[17, 3, 250, 9, 41, 8], [200, 1], [64, 65, 66, 67]]
-    steps = 8
-
-    # Left-padded to one length, as --mode=decode batches them
-    prompt_len = max(len(p) for p in prompts)
-    tokens = np.zeros((len(prompts), prompt_len), np.int32)
-    for row, prompt in enumerate(prompts):
-        tokens[row, prompt_len - len(prompt):] = prompt
-    generate = make_generate(
-        arch, mesh=mesh, param_shardings=jax.tree_util.tree_map(lambda a: a.sharding, like),
-        batch=len(prompts), prompt_len=prompt_len, steps=steps, max_seq_len=SEQ_LEN,
-        eos_id=None, options=SamplingOptions())
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    got = np.asarray(generate(params, tokens, lengths, np.arange(len(prompts)), 0))
-
-    for prompt, continuation in zip(prompts, got, strict=True):
-        with torch.no_grad():
-            want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=steps,
-                                     do_sample=False)[0, len(prompt):]
-        assert continuation.tolist() == want.tolist()
+    assert_greedy_continuations_equal_transformers(
+        hf_model, arch, mesh, like, params, [[17, 3, 250, 9, 41, 8], [200, 1], [64, 65, 66, 67]],
+        steps=8, max_seq_len=SEQ_LEN)
 
 
 def test_a_repeated_stack_of_blocks_keeps_each_layer_of_the_block_apart():

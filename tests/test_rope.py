@@ -22,9 +22,12 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture, rope
-from runner.inference.generate import SamplingOptions, make_generate
 from runner.state import hf_format
-from tests.support.inference import praxis_logits, save_job
+from tests.support.inference import (
+    assert_greedy_continuations_equal_transformers,
+    praxis_logits,
+    save_job,
+)
 from tests.support.processes import assert_one_line, run_main
 from tests.support.tiny import TINY
 from tests.test_import_hf import (
@@ -149,22 +152,8 @@ def test_cached_greedy_decoding_of_an_imported_llama3_continues_as_transformers(
     hf_model.generation_config.eos_token_id = None  # as eos_id=None: every step is a token
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 256, n).tolist() for n in (50, 23, 41)]  # 50 + 12 > ORIGINAL
-    steps = 12
-    prompt_len = max(len(p) for p in prompts)
-    tokens = np.zeros((len(prompts), prompt_len), np.int32)
-    for row, prompt in enumerate(prompts):  # left-padded, as --mode=decode batches them
-        tokens[row, prompt_len - len(prompt):] = prompt
-    generate = make_generate(
-        arch, mesh=mesh, param_shardings=jax.tree_util.tree_map(lambda a: a.sharding, like),
-        batch=len(prompts), prompt_len=prompt_len, steps=steps, max_seq_len=LONG,
-        eos_id=None, options=SamplingOptions())
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    got = np.asarray(generate(params, tokens, lengths, np.arange(len(prompts)), 0))
-    for prompt, continuation in zip(prompts, got, strict=True):
-        with torch.no_grad():
-            want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=steps,
-                                     do_sample=False)[0, len(prompt):]
-        assert continuation.tolist() == want.tolist()
+    assert_greedy_continuations_equal_transformers(hf_model, arch, mesh, like, params,
+                                                   prompts, steps=12, max_seq_len=LONG)
 
 
 @pytest.mark.parametrize("name", ["llama3", "yarn"])

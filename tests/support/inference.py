@@ -96,3 +96,30 @@ def greedy_reference(trainer, params, prompts: list[list[int]], steps: int) -> l
         for seq, seq_logits in zip(sequences, logits, strict=True):
             seq.append(int(np.argmax(seq_logits[-1])))
     return [seq[len(p):] for seq, p in zip(sequences, prompts, strict=True)]
+
+
+def assert_greedy_continuations_equal_transformers(hf_model, arch, mesh, like, params,
+                                                   prompts, steps: int, max_seq_len: int):
+    """Greedy decoding with the cache (layers/cached_lm.py, through make_generate) of
+    `prompts` of several lengths, left-padded into one batch as --mode=decode batches them,
+    continues each as transformers' `generate` does with `hf_model`. `like`: the abstract
+    parameters (their shardings), `params`: the imported ones on `mesh`."""
+    import torch
+
+    from runner.inference.generate import SamplingOptions, make_generate
+
+    prompt_len = max(len(p) for p in prompts)
+    tokens = np.zeros((len(prompts), prompt_len), np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, prompt_len - len(prompt):] = prompt
+    generate = make_generate(
+        arch, mesh=mesh, param_shardings=jax.tree_util.tree_map(lambda a: a.sharding, like),
+        batch=len(prompts), prompt_len=prompt_len, steps=steps, max_seq_len=max_seq_len,
+        eos_id=None, options=SamplingOptions())
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    got = np.asarray(generate(params, tokens, lengths, np.arange(len(prompts)), 0))
+    for prompt, continuation in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=steps,
+                                     do_sample=False)[0, len(prompt):]
+        assert continuation.tolist() == want.tolist()
