@@ -154,8 +154,10 @@ part_speed() {
 
 part_moe() {
     # The dropless MoE and its dense peer first (their tokens/s ratio is the key figure),
-    # then GLaM on praxis's GShard layers (its attention: praxis, which auto resolves to).
-    run moe.log bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,GLaM126M64E \
+    # the MoE's padded backend, then GLaM on praxis's GShard layers (its attention:
+    # praxis, which auto resolves to).
+    run moe.log bench/gpu_bench.py \
+        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_padded,GLaM126M64E \
         --impls auto "${BENCH_STEPS[@]}" --timeout 100 --json "$out/moe.json"
 }
 

@@ -42,7 +42,7 @@ CHOICES = {
     "EXPERT_AXIS": ("data", "replica", "none"),
 }
 # layers/moe.py's grouped matmuls, and those other projects use that Paxloom has not wired in.
-MOE_BACKENDS = ("ragged_dot",)
+MOE_BACKENDS = ("ragged_dot", "padded")
 _OTHER_MOE_BACKENDS = {"tokamax": "tokamax's ragged_dot", "te": "Transformer Engine's grouped GEMM",
                        "megablox": "MaxText's megablox kernel"}
 
@@ -229,6 +229,10 @@ class MixtureOfExperts(Group):
             what = _OTHER_MOE_BACKENDS.get(self.MOE_BACKEND, "an unknown grouped matmul")
             raise UserError(f"MOE_BACKEND={self.MOE_BACKEND!r}: {what} is not wired into "
                             f"Paxloom; use one of {', '.join(MOE_BACKENDS)}")
+        if self.MOE_BACKEND == "padded" and self.NUM_EXPERTS and self.CAPACITY_FACTOR <= 0:
+            raise UserError("MOE_BACKEND='padded' computes each expert over a buffer of its "
+                            "capacity; set CAPACITY_FACTOR > 0 (e.g. 1.25), or use "
+                            "MOE_BACKEND='ragged_dot' (dropless)")
         if self.CAPACITY_FACTOR < 0:
             raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} must be >= 0: 0 routes "
                             f"dropless, > 0 caps each expert at that many times its mean "

@@ -40,7 +40,8 @@ from core.step_metrics import report_step_metric
 
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
-BACKENDS = ("ragged_dot",)  # experiments/groups.py MOE_BACKENDS lists the same
+# The experts' matmuls (`expert_mlp`); experiments/groups.py MOE_BACKENDS lists the same.
+BACKENDS = ("ragged_dot", "padded")
 # The per-expert weights ([E, ...]) of this layer and of praxis's GShard layer (GLaM), by
 # parameter name inside a decoder layer's `ff_layer`: a token uses k of their E slices.
 EXPERT_WEIGHTS = ("wi_gate", "wi_up", "wo", "wi_0", "wi_gate_0", "wo_0")
@@ -82,14 +83,41 @@ def grouped_mlp(rows, group_sizes, w_gate, w_up, w_down, activation):
     return jax.lax.ragged_dot(activation(gate) * up, w_down, group_sizes)
 
 
+def expert_mlp(rows, ids, num_experts, w_gate, w_up, w_down, activation, padded_rows=0):
+    """`grouped_mlp` of `rows` [R, D] sorted by their expert `ids` [R] (id `num_experts`:
+    computes nothing, comes out zero), by one of two backends:
+
+    - padded_rows = 0, "ragged_dot": grouped matmuls over exactly the rows there are;
+    - padded_rows = C > 0, "padded": each expert's rows in a [E, C, D] buffer and batched
+      matmuls over it (MaxText's and GShard's dense dispatch). The caller guarantees no
+      expert has more than C rows (a capacity path); padding rows compute zeros.
+    """
+    if not padded_rows:
+        return grouped_mlp(rows, jnp.bincount(ids, length=num_experts), w_gate, w_up, w_down,
+                           activation)
+    counts = jnp.bincount(ids, length=num_experts)
+    start = jnp.cumsum(counts) - counts
+    rank = jnp.arange(ids.size) - start[jnp.minimum(ids, num_experts - 1)]
+    trash = num_experts * padded_rows
+    slot = jnp.where(ids < num_experts, ids * padded_rows + rank, trash)
+    buffer = jnp.zeros((trash + 1, rows.shape[-1]), rows.dtype).at[slot].set(rows)[:trash]
+    buffer = buffer.reshape(num_experts, padded_rows, -1)
+    gate = jnp.einsum("ecd,edh->ech", buffer, w_gate)
+    up = jnp.einsum("ecd,edh->ech", buffer, w_up)
+    out = jnp.einsum("ech,ehd->ecd", activation(gate) * up, w_down).reshape(trash, -1)
+    return jnp.concatenate([out, jnp.zeros_like(out[:1])])[slot]
+
+
 def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, activation,
-                   expert_axis, expert_shards, tensor_axis, buffer_rows):
+                   expert_axis, expert_shards, tensor_axis, buffer_rows, padded_rows=0):
     """The MoE output [T, D] of tokens `x` [T, D] whose assignments are `experts` and
     `weights` [T, k] (a dropped assignment has expert id `num_experts`), on one shard.
 
     With `expert_shards` > 1 this runs inside shard_map: `w_*` hold this shard's
     experts, and assignments travel to their owners over `expert_axis` in buffers of
-    `buffer_rows` rows per peer. Returns (output, number of assignments that did not fit).
+    `buffer_rows` rows per peer. `padded_rows` > 0 (the "padded" backend): each expert's
+    capacity for the tokens of one shard. Returns (output, number of assignments that did
+    not fit).
     """
     tokens, k = experts.shape
     flat = experts.reshape(-1)
@@ -98,8 +126,8 @@ def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, ac
     rows = x[order // k]
     overflow = jnp.zeros((), jnp.int32)
     if expert_shards == 1:
-        out_sorted = grouped_mlp(rows, jnp.bincount(sorted_experts, length=num_experts),
-                                 w_gate, w_up, w_down, activation)
+        out_sorted = expert_mlp(rows, sorted_experts, num_experts, w_gate, w_up, w_down,
+                                activation, padded_rows)
         if tensor_axis:
             out_sorted = jax.lax.psum(out_sorted, tensor_axis)
     else:
@@ -124,9 +152,9 @@ def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, ac
         received = received.reshape(trash, -1)
         received_ids = received_ids.reshape(trash)
         local_order = jnp.argsort(received_ids, stable=True)
-        out = grouped_mlp(received[local_order],
-                          jnp.bincount(received_ids, length=local_experts),
-                          w_gate, w_up, w_down, activation)
+        # A local expert receives from every shard: expert_shards x the capacity per shard.
+        out = expert_mlp(received[local_order], received_ids[local_order], local_experts,
+                         w_gate, w_up, w_down, activation, expert_shards * padded_rows)
         if tensor_axis:
             out = jax.lax.psum(out, tensor_axis)
         out = jnp.zeros_like(out).at[local_order].set(out)
@@ -157,7 +185,8 @@ class MoeFeedForward(base_layer.BaseLayer):
       shared_hidden_dims: > 0: a shared expert of this hidden width that every token
         goes through (Qwen2-MoE), its output added to the routed experts'.
       gate_shared_expert: the shared expert's output is scaled by sigmoid(x @ w).
-      backend: the grouped-matmul implementation ("ragged_dot").
+      backend: the experts' matmuls: "ragged_dot" (grouped, over exactly the rows routed)
+        or "padded" (batched over a buffer of each expert's capacity; needs one).
       expert_axis: the mesh axis the experts are split over (None: replicated).
       tensor_axis: the mesh axis each expert's hidden dimension is split over.
     """
@@ -206,6 +235,8 @@ class MoeFeedForward(base_layer.BaseLayer):
     def setup(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"MoE backend {self.backend!r}: expected one of {BACKENDS}")
+        if self.backend == "padded" and self.capacity_factor <= 0:
+            raise ValueError("the padded MoE backend needs a capacity (capacity_factor > 0)")
         if not 1 <= self.num_experts_per_token <= self.num_experts:
             raise ValueError(f"num_experts_per_token={self.num_experts_per_token} must be "
                              f"in [1, num_experts={self.num_experts}]")
@@ -278,11 +309,15 @@ class MoeFeedForward(base_layer.BaseLayer):
         theta = self.theta
         mesh = jax.sharding.get_abstract_mesh()
         activation = self.activation
+        # "padded": an expert takes at most its per-sequence capacity from each sequence.
+        per_sequence = math.ceil(self.capacity_factor * length * k / e)
+        padded = per_sequence if self.backend == "padded" else 0
         if self.mesh_axis_names is None or mesh.empty:
             out, overflow = _experts_local(
                 x.reshape(-1, d), routed.reshape(-1, k), routed_weights.reshape(-1, k),
                 theta.wi_gate, theta.wi_up, theta.wo, num_experts=e, activation=activation,
-                expert_axis=None, expert_shards=1, tensor_axis=None, buffer_rows=0)
+                expert_axis=None, expert_shards=1, tensor_axis=None, buffer_rows=0,
+                padded_rows=b * padded)
             return out.reshape(b, length, d), overflow
         P = jax.sharding.PartitionSpec
         sizes = dict(mesh.shape)
@@ -292,7 +327,6 @@ class MoeFeedForward(base_layer.BaseLayer):
         local_assignments = (b // batch_shards) * length * k
         buffer_rows = local_assignments
         if self.capacity_factor > 0:  # kept assignments per owner are bounded by capacity
-            per_sequence = math.ceil(self.capacity_factor * length * k / e)
             buffer_rows = min(buffer_rows, (b // batch_shards) * (e // shards) * per_sequence)
 
         def body(x, routed, routed_weights, w_gate, w_up, w_down):
@@ -301,7 +335,7 @@ class MoeFeedForward(base_layer.BaseLayer):
                 x.reshape(-1, d), routed.reshape(-1, k), routed_weights.reshape(-1, k),
                 w_gate, w_up, w_down, num_experts=e, activation=activation,
                 expert_axis=self.expert_axis, expert_shards=shards, tensor_axis=tensor,
-                buffer_rows=buffer_rows)
+                buffer_rows=buffer_rows, padded_rows=bl * padded)
             overflow = jax.lax.psum(overflow, BATCH_AXES)
             return out.reshape(bl, length, d), overflow
 

@@ -190,6 +190,18 @@ def test_capacity_path_drops_what_the_loop_drops():
     assert 0.4 < float(dropped) < 0.6  # half the mean load fits: about half is dropped
 
 
+@pytest.mark.parametrize("capacity_factor", [0.5, E / K])
+def test_padded_backend_computes_what_the_grouped_matmuls_do(capacity_factor):
+    """MOE_BACKEND='padded' (each expert's capacity as a buffer, batched matmuls) against
+    'ragged_dot' on the same capacity path: with drops and without."""
+    x, paddings = inputs(length=16)
+    grouped, params = init(layer_config(capacity_factor=capacity_factor), x, paddings)
+    padded, _ = init(layer_config(capacity_factor=capacity_factor, backend="padded"), x,
+                     paddings)
+    np.testing.assert_allclose(apply(padded, params, x, paddings)[0],
+                               apply(grouped, params, x, paddings)[0], rtol=1e-6, atol=1e-6)
+
+
 def test_router_losses_are_aux_losses():
     x, paddings = inputs()
     layer, params = init(layer_config(load_balancing_weight=0.1, router_z_loss_weight=0.01),
@@ -238,6 +250,13 @@ def test_sharded_experts_train_to_the_unsharded_losses(tmp_path, unsharded, mesh
                                                        capacity_factor):
     losses = moe_losses(tmp_path, mesh, CAPACITY_FACTOR=capacity_factor)
     np.testing.assert_allclose(losses, unsharded(capacity_factor), rtol=1e-4)
+
+
+@pytest.mark.slow  # with the capacity rows above
+def test_padded_backend_with_experts_over_4_and_tp2_trains_like_grouped_on_one_device(
+        tmp_path, unsharded):
+    losses = moe_losses(tmp_path, [1, 4, 2], CAPACITY_FACTOR=1.0, MOE_BACKEND="padded")
+    np.testing.assert_allclose(losses, unsharded(1.0), rtol=1e-4)
 
 
 @pytest.mark.slow  # about 20 s
@@ -293,6 +312,7 @@ def test_accumulated_sub_batches_train_like_one_pass(tmp_path):
     (dict(MOE_BACKEND="tokamax"), "not wired into Paxloom; use one of ragged_dot"),
     (dict(MOE_BACKEND="cutlass"), "MOE_BACKEND='cutlass'"),
     (dict(MOE_LAYER_INTERVAL=3), "MOE_LAYER_INTERVAL=3 must be >= 1 and divide"),
+    (dict(MOE_BACKEND="padded"), "set CAPACITY_FACTOR > 0"),
     (dict(USE_FP8=True), "USE_FP8"),
     (dict(USE_LORA=True), "LORA_TARGET_LAYERS='attention'"),
     (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2), "pipeline stages"),
