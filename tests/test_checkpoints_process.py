@@ -95,20 +95,28 @@ RESUMABLE = dict(MAX_STEPS=16, CHECKPOINT_EVERY_N_STEPS=2, SUMMARY_INTERVAL_STEP
 
 
 def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_path, env):
+    assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env)
+
+
+def assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env, *flags: str):
+    """main.py with `flags` (and RESUMABLE) killed with SIGKILL once a random checkpoint
+    exists, then rerun: it resumes from the last complete checkpoint and ends bitwise as an
+    uninterrupted run, each step logged once. Returns (the reference's console, the final
+    state)."""
     kill_after = random.choice(range(2, 12, 2))
     print(f"SIGKILL once checkpoint {kill_after} exists")
     # Compiling is mostly one thread: the reference and the doomed run share 2 cores well.
-    reference = start(tmp_path / "reference", env, **RESUMABLE)
+    reference = start(tmp_path / "reference", env, *flags, **RESUMABLE)
     job = tmp_path / "job"
-    proc = start(job, env, **RESUMABLE)
+    proc = start(job, env, *flags, **RESUMABLE)
     wait_for(lambda: (job / "checkpoints" / str(kill_after)).is_dir(), proc,
              f"checkpoint {kill_after}")
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     killed_at = checkpoints.latest_step(str(job / "checkpoints"))
-    code, out, err = finish(reference, tmp_path / "reference")
+    code, reference_out, err = finish(reference, tmp_path / "reference")
     assert code == 0, err[-3000:]
-    out = run(job, env, **RESUMABLE)
+    out = run(job, env, *flags, **RESUMABLE)
     restored = int(re.search(r"^restored step (\d+) from ", out, re.M).group(1))
     print(f"killed with checkpoint {killed_at} complete; resumed from step {restored}")
     assert kill_after <= restored == killed_at < RESUMABLE["MAX_STEPS"]
@@ -124,6 +132,7 @@ def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_pa
     steps = list(range(1, RESUMABLE["MAX_STEPS"] + 1))
     assert [s for s, _ in reference] == steps and [s for s, _ in losses] == steps
     assert [v for s, v in losses if s > restored] == [v for s, v in reference if s > restored]
+    return reference_out, state
 
 
 @pytest.mark.slow  # the kill -9 resume above covers resuming; this adds the restore path

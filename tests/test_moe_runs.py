@@ -17,10 +17,7 @@ tests, called with MoE settings:
 """
 
 import json
-import os
-import random
 import re
-import signal
 
 import jax
 import numpy as np
@@ -42,13 +39,7 @@ from tests.support.processes import (
 from tests.support.tiny import SHORT_PILE_RUN, TINY, fdl_flags, model_flags, tiny, tiny_flags
 from tests.support.training import make_trainer
 from tests.test_checkpoints import assert_bitwise_equal
-from tests.test_checkpoints_process import (
-    RESUMABLE,
-    finish,
-    start,
-    tensorboard_losses,
-    wait_for,
-)
+from tests.test_checkpoints_process import assert_sigkill_then_rerun_matches_an_uninterrupted_run
 from tests.test_multiprocess import RTOL, RUN, STEPS, max_rel_diff, train_and_evaluate
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -102,35 +93,10 @@ SIGKILL_FLAGS = [EXPERIMENT, *model_flags(VOCAB_SIZE=None), *fdl_flags(**MOE)]
 
 @pytest.mark.slow  # about 28 s; tests/test_checkpoints_process.py does the same for Tiny quickly
 def test_a_mixture_killed_after_a_checkpoint_resumes_bitwise(tmp_path, env):
-    kill_after = random.choice(range(2, 12, 2))
-    print(f"SIGKILL once checkpoint {kill_after} exists")
-    reference = start(tmp_path / "reference", env, *SIGKILL_FLAGS, **RESUMABLE)
-    job = tmp_path / "job"
-    proc = start(job, env, *SIGKILL_FLAGS, **RESUMABLE)
-    wait_for(lambda: (job / "checkpoints" / str(kill_after)).is_dir(), proc,
-             f"checkpoint {kill_after}")
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    killed_at = checkpoints.latest_step(str(job / "checkpoints"))
-    code, out, err = finish(reference, tmp_path / "reference")
-    assert code == 0, err[-3000:]
+    out, state = assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env,
+                                                                       *SIGKILL_FLAGS)
     assert "training MixtralTiny" in out and "moe/load_balancing_loss" in out
-    code, out, err = finish(start(job, env, *SIGKILL_FLAGS, **RESUMABLE), job)
-    assert code == 0, err[-3000:]
-    restored = int(re.search(r"^restored step (\d+) from ", out, re.M).group(1))
-    print(f"killed with checkpoint {killed_at} complete; resumed from step {restored}")
-    assert kill_after <= restored == killed_at < RESUMABLE["MAX_STEPS"]
-
-    step, state = checkpoints.load_numpy(str(job / "checkpoints"))
-    _, expected = checkpoints.load_numpy(str(tmp_path / "reference" / "checkpoints"))
-    assert step == RESUMABLE["MAX_STEPS"]
     assert "wi_gate" in state["params"]["lm"]["transformer"]["x_layers_0"]["ff_layer"]
-    assert_bitwise_equal(state, expected)
-    losses = tensorboard_losses(job)
-    reference = tensorboard_losses(tmp_path / "reference")
-    steps = list(range(1, RESUMABLE["MAX_STEPS"] + 1))
-    assert [s for s, _ in reference] == steps and [s for s, _ in losses] == steps
-    assert [v for s, v in losses if s > restored] == [v for s, v in reference if s > restored]
 
 
 # ----- (2) two processes, the experts split over both: the losses of one ----------------------
