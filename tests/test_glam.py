@@ -324,14 +324,23 @@ def test_glam_tiny_trains_with_the_load_balancing_loss_in_its_loss(tmp_path):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
     # The training loss is the cross-entropy plus each mixture layer's weighted balance loss
     # (E sum_e f_e p_e, between 0 and E); the tiny model's 2 layers hold one mixture layer.
-    params, key = state["params"], jax.random.key(0)
+    key = jax.random.key(0)
     batch = trainer.to_device(trainer.make_train_input().next_batch())
-    with jax.set_mesh(trainer.mesh), praxis_context(do_eval=False):
+
+    def with_and_without_aux_losses(params, batch):
         loss, step_metrics = trainer._loss(params, batch, key)
-        (metrics, _), _ = trainer.model.apply(
-            {"params": params}, as_model_batch(batch, trainer.model.fprop_dtype),
-            rngs={"random": key}, mutable=[base_layer.SUMMARIES])
-    balance = (float(loss) - float(metrics.total_loss[0])) / GLaMTiny.LOAD_BALANCING_WEIGHT
+        with praxis_context(do_eval=False):  # the aux-loss collection not mutable: no aux
+            (metrics, _), _ = trainer.model.apply(
+                {"params": params}, as_model_batch(batch, trainer.model.fprop_dtype),
+                rngs={"random": key}, mutable=[base_layer.SUMMARIES])
+        return loss, metrics.total_loss[0], step_metrics
+
+    # One compiled program: op-by-op execution of sharded collectives can stall XLA:CPU's
+    # rendezvous on a loaded 2-core machine (a worker aborted that way in CI).
+    with jax.set_mesh(trainer.mesh):
+        loss, without, step_metrics = jax.device_get(
+            jax.jit(with_and_without_aux_losses)(state["params"], batch))
+    balance = (float(loss) - float(without)) / GLaMTiny.LOAD_BALANCING_WEIGHT
     assert 0.5 < balance <= GLaMTiny.NUM_EXPERTS, balance
     # ... and what the step metrics report: the mean over the mixture layers of the
     # unweighted loss (each layer weighs its own by LOAD_BALANCING_WEIGHT / (NUM_LAYERS / 2)).
