@@ -10,7 +10,10 @@ layers): the token-expert assignments are sorted by expert and each expert's row
 multiplied by its weights with one grouped matmul (`jax.lax.ragged_dot`), so no token is
 dropped and no padding is computed. With `capacity_factor` > 0, each expert takes at most
 ceil(capacity_factor * L * k / E) assignments of each sequence (the top-1 choices before
-the top-2, earlier tokens first); the rest are dropped, as GShard's capacity does.
+the top-2, earlier tokens first); the rest are dropped, as GShard's capacity does, and
+`backend="padded"` may compute the experts as batched matmuls over a buffer of each
+expert's capacity instead (`expert_mlp`): XLA:GPU in jax 0.10.2 lowers `ragged_dot` to one
+dense matmul over every expert (docs/guides/moe.md).
 
 Expert parallelism: the experts' weights are split over the mesh axis `expert_axis`
 (`data` by default, like praxis's GLaM sharding) and their hidden dimension over the
