@@ -213,7 +213,12 @@ def test_export_then_import_gives_back_the_parameters(experiment, overrides, tmp
     family, hyperparameters = hf_format.hyperparameters(out)
     assert FAMILIES[family] is experiment
     assert hyperparameters == {name: getattr(exp, name) for name in hyperparameters}
+    assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
 
+
+def assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family: str):
+    """Importing the export `out` of `exp`'s checkpoint (`params`, `trainer`) gives back its
+    parameters, and exporting those writes the same tensors, bit for bit."""
     arch = architecture.architecture_of(exp.run_config().model)
     imported = hf_format.read_params(out, arch, trainer.abstract_state["params"])
     original = {key(p): np.asarray(v)

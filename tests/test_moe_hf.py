@@ -41,12 +41,12 @@ from tests.test_import_hf import (
     KNOWN,
     ON_8_DEVICES,
     SEQ_LEN,
+    assert_import_gives_back_and_reexports_bitwise,
     assert_imported_logits_equal,
     key,
     paxloom,
     placed,
     randomized,
-    unflatten,
     write_config,
 )
 from tools import export_hf, import_hf
@@ -182,25 +182,7 @@ def assert_export_then_import_gives_back_the_parameters(exp, target: str, tmp_pa
     family, hyperparameters = hf_format.hyperparameters(out)
     assert family == "llama"
     assert hyperparameters == {name: getattr(exp, name) for name in hyperparameters}
-    arch = architecture.architecture_of(exp.run_config().model)
-    imported = hf_format.read_params(out, arch, trainer.abstract_state["params"])
-    original = {key(p): np.asarray(v)
-                for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
-    assert imported.keys() == original.keys()
-    for name, value in original.items():
-        if name.endswith("/scale"):  # an offset from 1, exported as the multiplier 1 + s
-            np.testing.assert_array_equal(1 + imported[name], 1 + value, err_msg=name)
-        else:
-            np.testing.assert_array_equal(imported[name], value, err_msg=name)
-
-    # Exporting the imported parameters writes the same tensors, bit for bit.
-    tensors = hf_format.llama_tensors(arch, architecture.canonical_weights(
-        unflatten(imported), arch))
-    written = load_file(str(out / "model.safetensors"))
-    assert tensors.keys() == written.keys()
-    for name, value in written.items():
-        np.testing.assert_array_equal(np.asarray(tensors[name], np.float32), value,
-                                      err_msg=name)
+    assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_every_2nd_repeated"])

@@ -14,7 +14,6 @@ import pytest
 import torch
 from praxis import base_layer, pax_fiddle
 from praxis.layers import embedding_softmax
-from safetensors.numpy import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -33,12 +32,11 @@ from tests.support.tiny import TINY
 from tests.test_import_hf import (
     LLAMA,
     ON_8_DEVICES,
-    key,
+    assert_import_gives_back_and_reexports_bitwise,
     llama,
     paxloom,
     paxloom_logits,
     placed,
-    unflatten,
     write_config,
 )
 from tools import export_hf, import_hf
@@ -179,21 +177,7 @@ def test_export_then_import_of_a_scaled_llama_is_bitwise(name, tmp_path):
     assert family == "llama"
     assert back == {n: getattr(exp, n) for n in back}
     assert hyperparameters.items() <= back.items()
-    arch = architecture.architecture_of(exp.run_config().model)
-    read = hf_format.read_params(out, arch, trainer.abstract_state["params"])
-    original = {key(p): np.asarray(v)
-                for p, v in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
-    for name_, value in original.items():
-        if name_.endswith("/scale"):  # an offset from 1, exported as the multiplier 1 + s
-            np.testing.assert_array_equal(1 + read[name_], 1 + value, err_msg=name_)
-        else:
-            np.testing.assert_array_equal(read[name_], value, err_msg=name_)
-    tensors = hf_format.llama_tensors(arch, architecture.canonical_weights(unflatten(read), arch))
-    written = load_file(str(out / "model.safetensors"))
-    assert tensors.keys() == written.keys()
-    for name_, value in written.items():
-        np.testing.assert_array_equal(np.asarray(tensors[name_], np.float32), value,
-                                      err_msg=name_)
+    assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
 
 
 def test_configs_map_onto_the_hyperparameters_and_the_flags(tmp_path):
