@@ -363,8 +363,8 @@ class MoeFeedForward(base_layer.BaseLayer):
         """The load-balancing and z losses (over live tokens), as praxis aux losses."""
         e = self.num_experts
         tokens = jnp.maximum(jnp.sum(live), 1.0)
-        assigned = jnp.sum(jax.nn.one_hot(experts, e) * live[..., None, None], axis=(0, 1, 2))
-        fraction = assigned / tokens  # per expert, summing to k
+        assignments = jax.nn.one_hot(experts, e) * live[..., None, None]  # [B, L, k, E]
+        fraction = jnp.sum(assignments, axis=(0, 1, 2)) / tokens  # per expert, summing to k
         mean_prob = jnp.sum(probs * live[..., None], axis=(0, 1)) / tokens
         balance = e * jnp.sum(fraction * mean_prob)
         z = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * live) / tokens
@@ -374,8 +374,7 @@ class MoeFeedForward(base_layer.BaseLayer):
             self.add_aux_loss("moe_router_z_loss", self.router_z_loss_weight * z)
         report_step_metric(self, "moe/load_balancing_loss", balance)
         report_step_metric(self, "moe/router_z_loss", z)
-        kept = jnp.sum(jax.nn.one_hot(jnp.where(keep, experts, e), e)
-                       * live[..., None, None], axis=(0, 1, 2))
+        kept = jnp.sum(assignments * keep[..., None], axis=(0, 1, 2))
         report_step_metric(self, "moe/max_expert_load", jnp.max(kept) / jnp.maximum(
             jnp.mean(kept), 1e-9))
 
