@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from core.errors import UserError
-from core.mesh_axes import BATCH_AXES, MESH_AXIS_NAMES, with_stage_axis
+from core.mesh_axes import BATCH_AXES, MESH_AXIS_NAMES, full_shape
 
 
 class ScheduleError(UserError):
@@ -50,15 +50,15 @@ class BatchLayout:
 def layout(percore_batch_size: float, mesh_shape: Sequence[int], accumulation_steps: int = 1,
            *, num_microbatches: int | None = None, microbatch_size: int | None = None,
            check: bool = True) -> BatchLayout:
-    """The layout for a mesh of `mesh_shape` (whole mesh, ICI x DCN, over MESH_AXIS_NAMES;
-    three entries: no stage axis), or UserError naming the hyperparameter to change.
+    """The layout for a mesh of `mesh_shape` (whole mesh, ICI x DCN, over MESH_AXIS_NAMES, or
+    written as the user writes it: mesh_axes.full_shape), or UserError naming the hyperparameter to change.
 
     GLOBAL_BATCH_SIZE = PERCORE_BATCH_SIZE x devices, whatever the strategy (Pax's rule).
     PERCORE_BATCH_SIZE may be fractional with tensor or pipeline parallelism: with TP=2,
     0.5 gives each model replica one sequence per step. A pipelined mesh's microbatches
     come from one of `num_microbatches` and `microbatch_size` (per sub-batch).
     `check=False` describes a layout that may not split (--print_config shows it anyway)."""
-    axes = dict(zip(MESH_AXIS_NAMES, with_stage_axis(mesh_shape), strict=True))
+    axes = dict(zip(MESH_AXIS_NAMES, full_shape(mesh_shape), strict=True))
     num_devices = math.prod(axes.values())
     exact = percore_batch_size * num_devices
     batch = round(exact)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from core import batch, data
+from core import batch, data, mesh_axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,7 @@ class MeshSpec:
 
 def mesh_size(mesh) -> list[int]:
     """The whole mesh along each axis: ICI x DCN (a MeshSpec or its fdl.Config)."""
-    return [i * d for i, d in zip(mesh.ici_mesh_shape, mesh.dcn_mesh_shape, strict=True)]
+    return mesh_axes.mesh_size(mesh.ici_mesh_shape, mesh.dcn_mesh_shape)
 
 
 def batch_layout(run, check: bool = True) -> batch.BatchLayout:

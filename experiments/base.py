@@ -16,9 +16,8 @@ import typing
 
 import fiddle as fdl
 
-from core import batch
+from core import batch, mesh_axes
 from core.errors import UserError
-from core.mesh_axes import with_stage_axis
 from experiments import groups
 from experiments.hyperparameters import Hyperparameters
 
@@ -49,8 +48,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
     def batch_layout(self) -> batch.BatchLayout:
         """Global batch, sub-batches and microbatches on this mesh (core/batch.py), or
         UserError naming what to change."""
-        mesh = [i * d for i, d in zip(with_stage_axis(self.ICI_MESH_SHAPE),
-                                      with_stage_axis(self.DCN_MESH_SHAPE), strict=True)]
+        mesh = mesh_axes.mesh_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE)
         return batch.layout(self.PERCORE_BATCH_SIZE, mesh, self.GRADIENT_ACCUMULATION_STEPS,
                             num_microbatches=self.NUM_MICROBATCHES,
                             microbatch_size=self.MICROBATCH_SIZE)

@@ -8,7 +8,7 @@ listed there. The machinery is experiments/hyperparameters.py.
 
 import math
 
-from core import batch
+from core import batch, mesh_axes, sequence_order
 from core.errors import UserError
 from experiments import pax_compat
 from experiments.hyperparameters import Group, class_name
@@ -36,7 +36,7 @@ CHOICES = {
     ),
     "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
     # layers/attention.py
-    "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "auto"),
+    "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "flash", "auto"),
     "LORA_TARGET_LAYERS": ("all", "attention", "mlp"),
     # The mesh axis the experts are split over (layers/moe.py).
     "EXPERT_AXIS": ("data", "replica", "none"),
@@ -166,10 +166,12 @@ class Architecture(Group):
 
 
 class Parallelism(Group):
-    """The mesh (axes stage, replica, data, mdl = PP, DP, FSDP, TP) and the batch on it."""
+    """The mesh (axes stage, replica, data, context, mdl = PP, DP, FSDP, CP, TP) and the
+    batch on it."""
 
     # [replica, data, mdl], or [stage, replica, data, mdl] with pipeline stages (as Pax's
-    # pipelined configs); a three-entry shape has one stage.
+    # pipelined configs), or [stage, replica, data, context, mdl] with each sequence split
+    # over context (context parallelism); shorter shapes have 1 for what they leave out.
     ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
     DCN_MESH_SHAPE: list[int] = [1, 1, 1]  # across nodes / processes
     # GLOBAL_BATCH_SIZE = this x number of devices: the sequences of one optimizer update.
@@ -186,12 +188,16 @@ class Parallelism(Group):
                             f"must be >= 1 (1: one pass over the global batch per update)")
         for name in ("ICI_MESH_SHAPE", "DCN_MESH_SHAPE"):
             shape = getattr(self, name)
-            if len(shape) not in (3, 4) or any(d < 1 for d in shape):
+            if len(shape) not in (3, 4, 5) or any(d < 1 for d in shape):
                 raise UserError(
                     f"{name}={shape} must be three positive sizes [replica, data, mdl], "
-                    f"e.g. [8,1,1] for pure data parallelism on 8 devices, or four with "
-                    f"pipeline stages first, e.g. [2,1,4,1]"
+                    f"e.g. [8,1,1] for pure data parallelism on 8 devices, four with "
+                    f"pipeline stages first, e.g. [2,1,4,1], or five with a context axis "
+                    f"before mdl, [stage, replica, data, context, mdl], e.g. [1,1,2,4,1]"
                 )
+        sequence_order.check_divisible(
+            self.MAX_SEQ_LEN, mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE,
+                                                  mesh_axes.CONTEXT_AXIS))
 
 
 class MixtureOfExperts(Group):
@@ -218,8 +224,7 @@ class MixtureOfExperts(Group):
         """How many ways the experts are split: the size of EXPERT_AXIS (ICI x DCN)."""
         if self.EXPERT_AXIS == "none":
             return 1
-        index = ("replica", "data").index(self.EXPERT_AXIS) - 3  # from the end: no stage
-        return self.ICI_MESH_SHAPE[index] * self.DCN_MESH_SHAPE[index]
+        return mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE, self.EXPERT_AXIS)
 
     def _check(self) -> None:
         if self.NUM_EXPERTS < 0:
@@ -276,9 +281,8 @@ class Pipeline(Group):
     STREAM_IO: bool = False  # stream microbatch inputs/outputs across stages (for DCN)
 
     def num_stages(self) -> int:
-        """Pipeline stages: the stage entries of a four-entry ICI x DCN mesh shape."""
-        return math.prod(shape[0] for shape in (self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE)
-                         if len(shape) == 4)
+        """Pipeline stages: the stage entries of four- and five-entry ICI x DCN mesh shapes."""
+        return mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE, "stage")
 
     def _check(self) -> None:
         """The pipeline hyperparameters against each other, the layers and the batch (the

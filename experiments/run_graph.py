@@ -7,10 +7,10 @@ writes it to job_log_dir and `--print_config` shows it.
 
 import fiddle as fdl
 
-from core import spec
+from core import mesh_axes, spec
 from core.errors import UserError
 from core.log import log
-from core.mesh_axes import with_stage_axis
+from core.mesh_axes import CONTEXT_AXIS, full_shape
 from core.target import TargetDevice, this_process
 from layers import attention, fp8, lora, stack
 from layers.stack import transformer_layer_template
@@ -21,8 +21,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
                      cache_dir: str | None = None, target: TargetDevice | None = None
                      ) -> fdl.Config:
     target = target or this_process()
-    mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=with_stage_axis(exp.ICI_MESH_SHAPE),
-                      dcn_mesh_shape=with_stage_axis(exp.DCN_MESH_SHAPE))
+    mesh = fdl.Config(spec.MeshSpec, ici_mesh_shape=full_shape(exp.ICI_MESH_SHAPE),
+                      dcn_mesh_shape=full_shape(exp.DCN_MESH_SHAPE))
     # The experiment says what the model is; the pipeline stages and the sharding for the
     # mesh come last, once.
     model = _with_attention_impl(exp, exp.model_template(), target)
@@ -37,6 +37,10 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
             circular_repeat=exp.CIRCULAR_REPEAT, num_microbatches=exp.NUM_MICROBATCHES,
             microbatch_size=exp.MICROBATCH_SIZE, stream_io=exp.STREAM_IO)
     model = partitioning.shard_model(model, spec.mesh_size(mesh))
+    if mesh_axes.axis_size(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS) > 1:
+        # The train step lays the tokens out of order (core/sequence_order.py): the model
+        # reads each token's position and document from the batch, as packed input does.
+        model.lm_tpl.packed_input = True
     schedule = fdl.Config(
         optimizer.linear_rampup_cosine_decay,
         learning_rate=exp.LEARNING_RATE,
@@ -159,7 +163,9 @@ def _with_attention_impl(exp, model, target: TargetDevice):
         impl = attention.resolve(choice, packed_input=exp.PACKED_INPUT,
                                  platform=platform, atten_dropout_prob=dropout,
                                  hopper_or_newer=hopper, dtype=exp.FPROP_DTYPE,
-                                 head_dim=exp.DIMS_PER_HEAD)
+                                 head_dim=exp.DIMS_PER_HEAD,
+                                 context_shards=mesh_axes.axis_size(
+                                     exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS))
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(
             layer, impl, hopper_or_newer=hopper,

@@ -10,7 +10,7 @@ import time
 import fiddle as fdl
 import jax
 
-from core import batch
+from core import batch, mesh_axes
 from core.errors import UserError
 from runner.planning import plan as planning
 from runner.planning.plan import DEVICE_KINDS, Plan, fits, memory_budget, verdict
@@ -87,17 +87,18 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
                                ", and a pipeline fill and drain per sub-batch"
                                if p.pipeline is not None else "")))
     fsdp = []
-    # Three-entry shapes are [replica, data, mdl]; four put the stages first, kept as they are.
-    *ici_stage, replica, data, mdl = hp["ICI_MESH_SHAPE"]
-    *dcn_stage, dcn_replica, dcn_data, dcn_mdl = hp["DCN_MESH_SHAPE"]
-    ici = [*ici_stage, replica, data, mdl]
-    if replica > 1:  # the replica axis's devices within a node shard the weights instead
-        ici = [*ici_stage, 1, replica * data, mdl]
-        fsdp.append(({"ICI_MESH_SHAPE": ici}, "weights gathered over NVLink for every "
-                     "layer, forward and backward, instead of held whole"))
-    if dcn_replica > 1:  # ... and across nodes too
-        fsdp.append(({"ICI_MESH_SHAPE": ici,
-                      "DCN_MESH_SHAPE": [*dcn_stage, 1, dcn_replica * dcn_data, dcn_mdl]},
+    # Shapes are changed over all five axes and written back as the user wrote them.
+    written_ici, written_dcn = hp["ICI_MESH_SHAPE"], hp["DCN_MESH_SHAPE"]
+    ici, dcn = mesh_axes.full_shape(written_ici), mesh_axes.full_shape(written_dcn)
+    if ici[1] > 1:  # the replica axis's devices within a node shard the weights instead
+        ici = [ici[0], 1, ici[1] * ici[2], *ici[3:]]
+        fsdp.append(({"ICI_MESH_SHAPE": mesh_axes.written_like(written_ici, ici)},
+                     "weights gathered over NVLink for every layer, forward and backward, "
+                     "instead of held whole"))
+    if dcn[1] > 1:  # ... and across nodes too
+        dcn = [dcn[0], 1, dcn[1] * dcn[2], *dcn[3:]]
+        fsdp.append(({"ICI_MESH_SHAPE": mesh_axes.written_like(written_ici, ici),
+                      "DCN_MESH_SHAPE": mesh_axes.written_like(written_dcn, dcn)},
                      "weights gathered across nodes (the slow network) for every layer"))
     changes = {"rematerialisation (CHECKPOINT_POLICY)": remat,
                "smaller batch (PERCORE_BATCH_SIZE)": smaller,

@@ -21,9 +21,22 @@ implementations:
             packed rows on any GPU. Run per device under shard_map (Pallas kernels are not
             partitioned by XLA). On CPU it runs in interpret mode, which is slow and meant
             for tests.
+- "flash":  flash attention's algorithm in plain JAX (`flash_attention`: a block of
+            queries at a time, keeping only each row's log-sum-exp for the backward pass).
+            Exact for every mask, any platform, no [T, S] scores; slower than a fused
+            kernel. The planner traces it for "cudnn" and "pallas" on CPU.
 - "auto":   the fastest exact choice (docs/guides/gpus.md, "Attention kernels"): "cudnn" where it can run (a
             GPU, bf16/fp16, packed rows only on Hopper or newer), else "pallas" on a GPU;
-            "praxis" on CPU and wherever attention dropout is on.
+            "praxis" on CPU and wherever attention dropout is on; "flash" with a context axis.
+
+Context parallelism (a `context` mesh axis, core/mesh_axes.py): each device holds a part
+of every sequence's tokens, laid out in core/sequence_order.py's load-balanced order. The
+attention gathers the keys, values and positions over the context axis (all-gather: cheap
+with grouped-query heads) and attends its own queries to them under shard_map, with a
+mask built from positions and documents, not from the order of the tokens: query q sees
+key k when both are in one document and k's position is not after q's. The documents are
+recovered from the positions (a document starts where its position is 0) in the natural
+order. "flash" (the default there) or "xla" per shard; the rest have no context form.
 """
 
 import functools
@@ -31,15 +44,19 @@ import functools
 import fiddle as fdl
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 from praxis import py_utils
 from praxis.layers import attentions, multi_query_attention
 
-from core import target
+from core import sequence_order, target
+from core.mesh_axes import CONTEXT_AXIS
 from layers import qk_norm
 
-IMPLS = ("praxis", "xla", "cudnn", "pallas", "auto")
+IMPLS = ("praxis", "xla", "cudnn", "pallas", "flash", "auto")
+# The implementations that attend across a context axis.
+CONTEXT_IMPLS = ("flash", "xla")
 # cuDNN's packed layout with fewer key/value heads than query heads computed key/value
 # offsets with the query head count until jax PR #39521 (2026-07-30), first released in
 # jax 0.11.1. On an older jax such layers repeat their key/value heads instead.
@@ -50,28 +67,36 @@ class _FusedKernels:
     """The fused scores-softmax-context step shared by both attention classes, which declare
     its settings as their fields (a layer's fields must be declared on the layer class):
 
-      attention_impl: "xla", "cudnn" or "pallas" (already resolved).
+      attention_impl: "xla", "cudnn", "pallas" or "flash" (already resolved).
       cudnn_packed: give cuDNN each row's segments (Hopper or newer); else plain causal.
       pallas_interpret: run the Pallas kernel in interpret mode (tests off a GPU).
     """
 
-    def _fused_context(self, query, key, value, atten_mask):
+    def _context_shards(self) -> int:
+        """The size of the mesh's context axis (1: none)."""
+        names = self.mesh_axis_names or ()
+        return self.mesh_shape[names.index(CONTEXT_AXIS)] if CONTEXT_AXIS in names else 1
+
+    def _fused_context(self, query, key, value, atten_mask, positions=None):
         """query [B, T, N, H] (already scaled), key/value [B, S, K, H] with K dividing N,
-        atten_mask [B|1, 1, T|1, S] (additive, large negative where masked) -> the
-        attention context [B, T, N, H]."""
+        atten_mask [B|1, 1, T|1, S] (additive, large negative where masked), positions
+        [B, T] (each token's position in its document; read with a context axis only) ->
+        the attention context [B, T, N, H]."""
         query, key, value = (self._shard_blnh(x) for x in (query, key, value))
         impl, batch_size = self.attention_impl, query.shape[0]
-        if impl == "xla":
+        if self._context_shards() > 1:
+            encoded = self._context_parallel(query, key, value, positions)
+        elif impl == "xla":
             encoded = jax.nn.dot_product_attention(
                 query, key, value, bias=atten_mask.astype(query.dtype), scale=1.0,
                 implementation="xla")
-        elif jax.default_backend() != "gpu" and (
+        elif impl == "flash" or jax.default_backend() != "gpu" and (
                 impl == "cudnn" or (impl == "pallas" and not self.pallas_interpret)):
             # The planner (runner/planning/plan.py) compiles for the GPU it plans for on CPU devices:
             # a plain-JAX kernel that keeps what the flash kernels keep (no [T, S] scores),
             # so the plan's memory is theirs.
-            encoded = flash_attention(query, key, value,
-                                      segment_ids_from_mask(atten_mask, batch_size))
+            encoded = causal_flash_attention(query, key, value,
+                                             segment_ids_from_mask(atten_mask, batch_size))
         elif impl == "cudnn" and self.cudnn_packed:
             if key.shape[2] != query.shape[2] and not packed_gqa_is_correct():
                 key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
@@ -104,20 +129,55 @@ class _FusedKernels:
         blnh = self.activation_split_dims_mapping.blnh
         if not self.mesh_axis_names or blnh is None:
             return kernel(query, key, value, segment_ids)
-        # Each device runs the kernel on its own batch rows and heads, on the mesh the
-        # caller set (jax.set_mesh; shard_map insists on that very one), else on one of the
-        # layer's shape with Auto axes, like the runner's Mesh (jax 0.11's AbstractMesh
-        # defaults to Explicit axes, with which shard_map demands inputs already typed).
+        # Each device runs the kernel on its own batch rows and heads.
+        qkv_spec = P(*blnh)
+        return jax.shard_map(
+            kernel, mesh=self._shard_map_mesh(), out_specs=qkv_spec, check_vma=False,
+            in_specs=(qkv_spec, qkv_spec, qkv_spec, P(blnh[0], None)),
+        )(query, key, value, segment_ids)
+
+    def _shard_map_mesh(self):
+        """The mesh the caller set (jax.set_mesh; shard_map insists on that very one), else
+        one of the layer's shape with Auto axes, like the runner's Mesh (jax 0.11's
+        AbstractMesh defaults to Explicit axes, with which shard_map demands inputs already
+        typed)."""
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:
             mesh = jax.sharding.AbstractMesh(
                 tuple(self.mesh_shape), tuple(self.mesh_axis_names),
                 axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh_axis_names))
+        return mesh
+
+    def _context_parallel(self, query, key, value, positions):
+        """Attention with the sequence split over the context axis (module docstring):
+        each device's queries against the keys and values gathered from the whole axis."""
+        if positions is None:
+            raise ValueError("context parallelism needs each token's position: the model "
+                             "must take packed input (segment_pos)")
+        blnh = self.activation_split_dims_mapping.blnh
+        seq_len, shards = query.shape[1], self._context_shards()
+        order = sequence_order.load_balanced_order(seq_len, shards)
+        impl = self.attention_impl
+
+        def attend_local(q, k, v, q_positions):
+            k, v, k_positions = (jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)
+                                 for x in (k, v, q_positions))
+            k_segments = segment_ids_from_positions(k_positions, order)
+            start = jax.lax.axis_index(CONTEXT_AXIS) * q.shape[1]
+            q_segments = jax.lax.dynamic_slice_in_dim(k_segments, start, q.shape[1], axis=1)
+            if impl == "flash":
+                return flash_attention(q, k, v, q_segments, k_segments, q_positions,
+                                       k_positions)
+            visible = ((q_segments[:, :, None] == k_segments[:, None, :])
+                       & (q_positions[:, :, None] >= k_positions[:, None, :]))
+            return jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=1.0,
+                                                implementation="xla")
+
         qkv_spec = P(*blnh)
         return jax.shard_map(
-            kernel, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, P(blnh[0], None)),
-            out_specs=qkv_spec, check_vma=False,
-        )(query, key, value, segment_ids)
+            attend_local, mesh=self._shard_map_mesh(), out_specs=qkv_spec, check_vma=False,
+            in_specs=(qkv_spec, qkv_spec, qkv_spec, P(blnh[0], blnh[1])),
+        )(query, key, value, positions)
 
 
 class FusedDotProductAttention(_FusedKernels, qk_norm.QkNormDotProductAttention):
@@ -135,6 +195,16 @@ class FusedDotProductAttention(_FusedKernels, qk_norm.QkNormDotProductAttention)
             raise NotImplementedError(
                 f"ATTENTION_IMPL={self.attention_impl!r} has no relative bias or logit cap")
         return self._fused_context(self._scale_query(query), key, value, atten_mask), None
+
+    def _restates_call(self) -> bool:
+        # Context parallelism needs the positions, which praxis's __call__ does not pass on.
+        return super()._restates_call() or self._context_shards() > 1
+
+    def _attend(self, query, key, value, atten_mask, positions):
+        if (self.atten_logit_cap or 0) > 0:
+            raise NotImplementedError(f"ATTENTION_IMPL={self.attention_impl!r} has no logit cap")
+        return self._fused_context(self._scale_query(query), key, value, atten_mask,
+                                   positions), None
 
 
 class FusedMultiQueryDotProductAttention(_FusedKernels,
@@ -160,7 +230,8 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
 
         query, key, value = self._project(query_vec, key_vec, value_vec)
         query, key = self._normalize_and_rotate(query, key, query_segment_pos, key_segment_pos)
-        encoded = self._fused_context(self._scale_query(query), key, value, atten_mask)
+        encoded = self._fused_context(self._scale_query(query), key, value, atten_mask,
+                                      query_segment_pos)
         encoded = self._shard_bld(self.post(encoded))
         return checkpoint_name(encoded, "out_proj"), None
 
@@ -231,13 +302,25 @@ FLASH_BLOCK = 128  # query rows per block of flash_attention
 
 
 @jax.custom_vjp
-def flash_attention(query, key, value, segment_ids):
-    """Causal attention within segments in plain JAX, computed a block of queries at a time,
-    keeping for the backward pass only what a flash kernel keeps: the inputs, the output and
-    each row's log-sum-exp. query [B, T, N, H] (scaled), key/value [B, T, K, H],
-    segment_ids [B, T]. Slower than a fused kernel; used to plan a fused kernel's memory
-    on CPU and as an independent check of the fused kernels' mask."""
-    return _flash_forward(query, key, value, segment_ids)[0]
+def flash_attention(query, key, value, q_segments, k_segments, q_positions, k_positions):
+    """Attention within documents, causal by position, in plain JAX, computed a block of
+    queries at a time, keeping for the backward pass only what a flash kernel keeps: the
+    inputs, the output and each row's log-sum-exp. query [B, T, N, H] (scaled), key/value
+    [B, S, K, H]; q_segments, q_positions [B, T] and k_segments, k_positions [B, S] int:
+    query q sees key k when their segments are equal and k's position is not after q's.
+    Slower than a fused kernel; the portable exact kernel ("flash", and per shard with a
+    context axis), the stand-in that plans a fused kernel's memory on CPU, and an
+    independent check of the fused kernels' mask."""
+    return _flash_forward(query, key, value, q_segments, k_segments, q_positions,
+                          k_positions)[0]
+
+
+def causal_flash_attention(query, key, value, segment_ids):
+    """flash_attention over one sequence order: query and key t at position t, within the
+    segments `segment_ids` [B, T]."""
+    positions = jnp.broadcast_to(jnp.arange(query.shape[1], dtype=jnp.int32),
+                                 segment_ids.shape)
+    return flash_attention(query, key, value, segment_ids, segment_ids, positions, positions)
 
 
 def _flash_blocks(x, block):
@@ -251,42 +334,41 @@ def _flash_unblock(x):
     return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])
 
 
-def _flash_scores(q_block, start, key, segment_ids):
-    """Masked float32 scores [B, N, block, T] of one query block starting at `start`."""
-    block = q_block.shape[1]
+def _flash_scores(q_block, q_segments, q_positions, key, k_segments, k_positions):
+    """Masked float32 scores [B, N, block, S] of one block of queries with their segments
+    and positions [B, block]."""
     scores = jnp.einsum("bqnh,bsnh->bnqs", q_block, key, preferred_element_type=jnp.float32)
-    rows = start + jnp.arange(block)
-    q_segments = jax.lax.dynamic_slice_in_dim(segment_ids, start, block, axis=1)
-    visible = ((rows[:, None] >= jnp.arange(key.shape[1])[None, :])[None]
-               & (q_segments[:, :, None] == segment_ids[:, None, :]))  # [B, block, T]
+    visible = ((q_positions[:, :, None] >= k_positions[:, None, :])
+               & (q_segments[:, :, None] == k_segments[:, None, :]))  # [B, block, S]
     return jnp.where(visible[:, None], scores, py_utils.get_large_negative_number(jnp.float32))
 
 
-def _flash_forward(query, key, value, segment_ids):
+def _flash_forward(query, key, value, q_segments, k_segments, q_positions, k_positions):
     key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
     block = min(FLASH_BLOCK, query.shape[1])
 
     def one_block(args):
-        q_block, start = args
-        scores = _flash_scores(q_block, start, key, segment_ids)
+        q_block, qs_block, qp_block = args
+        scores = _flash_scores(q_block, qs_block, qp_block, key, k_segments, k_positions)
         lse = jax.nn.logsumexp(scores, axis=-1)  # [B, N, block]
         probs = jnp.exp(scores - lse[..., None]).astype(value.dtype)
         return jnp.einsum("bnqs,bsnh->bqnh", probs, value), lse
 
-    starts = jnp.arange(0, query.shape[1], block)
-    out, lse = jax.lax.map(one_block, (_flash_blocks(query, block), starts))
+    out, lse = jax.lax.map(one_block, tuple(_flash_blocks(x, block)
+                                            for x in (query, q_segments, q_positions)))
     out = _flash_unblock(out)
-    return out, (query, key, value, segment_ids, out, lse)
+    return out, (query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse)
 
 
 def _flash_backward(residuals, d_out):
-    query, key, value, segment_ids, out, lse = residuals
+    query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse = residuals
     block = min(FLASH_BLOCK, query.shape[1])
 
     def one_block(carry, args):
         d_key, d_value = carry
-        q_block, do_block, o_block, lse_block, start = args
-        probs = jnp.exp(_flash_scores(q_block, start, key, segment_ids) - lse_block[..., None])
+        q_block, do_block, o_block, qs_block, qp_block, lse_block = args
+        scores = _flash_scores(q_block, qs_block, qp_block, key, k_segments, k_positions)
+        probs = jnp.exp(scores - lse_block[..., None])
         do32 = do_block.astype(jnp.float32)
         d_value += jnp.einsum("bnqs,bqnh->bsnh", probs, do32)
         d_probs = jnp.einsum("bqnh,bsnh->bnqs", do32, value.astype(jnp.float32))
@@ -297,35 +379,50 @@ def _flash_backward(residuals, d_out):
         return (d_key, d_value), d_query
 
     zeros = jnp.zeros(key.shape, jnp.float32)
-    blocks = (*(_flash_blocks(x, block) for x in (query, d_out, out)), lse,
-              jnp.arange(0, query.shape[1], block))
+    blocks = (*(_flash_blocks(x, block) for x in (query, d_out, out, q_segments, q_positions)),
+              lse)
     (d_key, d_value), d_query = jax.lax.scan(one_block, (zeros, zeros), blocks)
-    return _flash_unblock(d_query), d_key, d_value, None
+    return _flash_unblock(d_query), d_key, d_value
 
 
-def _flash_vjp_forward(query, key, value, segment_ids):
-    out, residuals = _flash_forward(query, key, value, segment_ids)
+def _flash_vjp_forward(query, key, value, *masks):
+    out, residuals = _flash_forward(query, key, value, *masks)
     # The gradient of repeated key/value heads sums over each head's query group.
     return out, (residuals, key.shape)
 
 
 def _flash_vjp_backward(saved, d_out):
     residuals, key_shape = saved
-    d_query, d_key, d_value, _ = _flash_backward(residuals, d_out)
+    d_query, d_key, d_value = _flash_backward(residuals, d_out)
     b, s, k, h = key_shape
     d_key, d_value = (x.reshape(b, s, k, -1, h).sum(axis=3) for x in (d_key, d_value))
     dtype = residuals[0].dtype
-    return (d_query.astype(dtype), d_key.astype(dtype), d_value.astype(dtype), None)
+    return (d_query.astype(dtype), d_key.astype(dtype), d_value.astype(dtype),
+            None, None, None, None)
 
 
 flash_attention.defvjp(_flash_vjp_forward, _flash_vjp_backward)
 
 
+def segment_ids_from_positions(positions, order):
+    """[B, T] positions laid out in `order` (core/sequence_order.py) -> the segment ids of
+    the same tokens: a document starts where its position is 0, in the natural order.
+    (Padding, at position 0, is a segment per token: it attends only to itself, and no
+    real token to it.)"""
+    natural = jnp.take(positions, jnp.asarray(np.argsort(order)), axis=1)
+    segments = jnp.cumsum((natural == 0).astype(jnp.int32), axis=1)
+    return jnp.take(segments, jnp.asarray(order), axis=1)
+
+
 def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float,
-            hopper_or_newer: bool = True, dtype: str = "bfloat16", head_dim: int = 64) -> str:
+            hopper_or_newer: bool = True, dtype: str = "bfloat16", head_dim: int = 64,
+            context_shards: int = 1) -> str:
     """The implementation to use for ATTENTION_IMPL=`impl` on `platform`; ValueError (one
     line) for a choice that cannot be exact or cannot run there. `hopper_or_newer`: the
-    GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE."""
+    GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE;
+    `context_shards`: the size of the mesh's context axis."""
+    if context_shards > 1:
+        return _resolve_for_context(impl, atten_dropout_prob, context_shards)
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
@@ -344,6 +441,20 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
         return "pallas" if cudnn_problem else "cudnn"
     if impl == "cudnn" and cudnn_problem:
         raise ValueError(f"ATTENTION_IMPL='cudnn' {cudnn_problem}")
+    return impl
+
+
+def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int) -> str:
+    where = f"with {shards}-way context parallelism (the mesh's context axis)"
+    if atten_dropout_prob > 0:
+        raise ValueError(f"attention dropout {where} is not built; set ATTEN_DROPOUT_PROB=0 "
+                         f"(and DROPOUT_PROB=0, which it defaults to)")
+    if impl == "auto":
+        return "flash"
+    if impl not in CONTEXT_IMPLS:
+        raise ValueError(f"ATTENTION_IMPL={impl!r} cannot attend {where} (only "
+                         f"{' and '.join(map(repr, CONTEXT_IMPLS))} can); use 'auto', or a "
+                         f"mesh without a context axis")
     return impl
 
 

@@ -33,15 +33,20 @@ class _QkNorm:
     and call `_create_qk_norms` from their `setup` (flax creates children only in a layer
     class's own methods, and takes fields only from the layer class)."""
 
+    def _restates_call(self) -> bool:
+        """Whether `__call__` is the restated one (else praxis's own): with QK-norm here; a
+        subclass may need it for more (layers/attention.py: context parallelism)."""
+        return self.qk_norm_tpl is not None
+
     def _create_qk_norms(self) -> None:
-        if self.qk_norm_tpl is None:
-            return
         # What the restated __call__ leaves out.
         extras = [name for name in ("dconv_qkv", "relative_bias_tpl", "ngrammer_tpl", "ln_tpl")
                   if getattr(self, name, None)]
-        if extras:
-            raise NotImplementedError(f"{type(self).__name__}: qk_norm_tpl with "
-                                      f"{', '.join(extras)}")
+        if extras and self._restates_call():
+            raise NotImplementedError(f"{type(self).__name__}: qk_norm_tpl or a context axis "
+                                      f"with {', '.join(extras)}")
+        if self.qk_norm_tpl is None:
+            return
         norm = self.qk_norm_tpl.clone().set(
             dim=self.dim_per_head or self.hidden_dim // self.num_heads)  # praxis's default
         self.create_child("q_norm", norm)
@@ -75,7 +80,7 @@ class QkNormDotProductAttention(_QkNorm, attentions.DotProductAttention):
 
     def __call__(self, query_vec, key_vec, value_vec, atten_mask, query_segment_pos=None,
                  key_segment_pos=None):
-        if self.qk_norm_tpl is None:
+        if not self._restates_call():
             return super().__call__(query_vec, key_vec, value_vec, atten_mask,
                                     query_segment_pos, key_segment_pos)
         if self.combine_qkv:
@@ -83,9 +88,14 @@ class QkNormDotProductAttention(_QkNorm, attentions.DotProductAttention):
         else:
             query, key, value = self.query(query_vec), self.key(key_vec), self.value(value_vec)
         query, key = self._normalize_and_rotate(query, key, query_segment_pos, key_segment_pos)
-        encoded, atten_probs = self._dot_atten(query, key, value, atten_mask)
+        encoded, atten_probs = self._attend(query, key, value, atten_mask, query_segment_pos)
         encoded = self._shard_bld(self.post(encoded))
         return checkpoint_name(encoded, "out_proj"), atten_probs
+
+    def _attend(self, query, key, value, atten_mask, positions):
+        """The restated call's attention step: (context, probabilities or None)."""
+        del positions  # praxis's step reads the order from the mask
+        return self._dot_atten(query, key, value, atten_mask)
 
 
 class QkNormMultiQueryDotProductAttention(_QkNorm,

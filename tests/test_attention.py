@@ -313,7 +313,7 @@ def test_flash_stand_in_equals_masked_attention(kind, kv_heads):
                                             implementation="xla")
 
     def flash(q, k, v):
-        return attention.flash_attention(q, k, v, segment_ids)
+        return attention.causal_flash_attention(q, k, v, segment_ids)
 
     with jax.default_matmul_precision("highest"), mock_block(16):
         want = jax.grad(functools.partial(loss, masked), argnums=(0, 1, 2))(query, key, value)

@@ -242,7 +242,7 @@ def test_override_without_value_is_an_error():
     ("LR_COS_WARMUP", 500, r"LR_COS_WARMUP \(500\) <= LR_COS_DECAY_START"),
     ("ATTEN_DROPOUT_PROB", "high", r"ATTEN_DROPOUT_PROB is float or None \(e.g. 0.5\)"),
     ("DROPOUT_PROB", 1.5, r"DROPOUT_PROB=1.5 must be a probability in \[0, 1\)"),
-    ("ATTENTION_IMPL", "flash", r"not one of praxis, xla, cudnn, pallas, auto"),
+    ("ATTENTION_IMPL", "flashy", r"not one of praxis, xla, cudnn, pallas, flash, auto"),
     ("LEARNING_RATE", float("inf"), r"LEARNING_RATE=inf must be a positive number"),
     ("LEARNING_RATE", 0, r"LEARNING_RATE=0.0 must be a positive number"),
     ("CHECKPOINT_MAX_TO_KEEP", -1, r"CHECKPOINT_MAX_TO_KEEP and CHECKPOINT_EVERY_N_STEPS must"),

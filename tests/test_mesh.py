@@ -8,12 +8,25 @@ from core.errors import UserError
 from runner.cluster import mesh as mesh_lib
 
 
-@pytest.mark.parametrize("ici", [[8, 1, 1], [1, 8, 1], [1, 1, 8], [2, 2, 2], [2, 1, 2, 2]])
-def test_mesh_axes_follow_ici_shape(ici):
+@pytest.mark.parametrize("ici, full", [
+    ([8, 1, 1], (1, 8, 1, 1, 1)), ([1, 8, 1], (1, 1, 8, 1, 1)), ([1, 1, 8], (1, 1, 1, 1, 8)),
+    ([2, 2, 2], (1, 2, 2, 1, 2)), ([2, 1, 2, 2], (2, 1, 2, 1, 2)),
+    ([1, 1, 2, 4, 1], (1, 1, 2, 4, 1))])
+def test_mesh_axes_follow_ici_shape(ici, full):
     mesh = mesh_lib.create_mesh(ici, [1, 1, 1])
-    assert mesh.axis_names == ("stage", "replica", "data", "mdl")
-    # A three-entry shape [replica, data, mdl] has one stage.
-    assert mesh_lib.mesh_shape(mesh) == tuple([1] * (4 - len(ici)) + ici)
+    assert mesh.axis_names == ("stage", "replica", "data", "context", "mdl")
+    # [replica, data, mdl] has one stage and no context axis; [stage, replica, data, mdl]
+    # no context axis.
+    assert mesh_lib.mesh_shape(mesh) == full
+
+
+def test_a_mesh_error_writes_the_shapes_as_short_as_the_user_can():
+    with pytest.raises(UserError, match=r"^ICI_MESH_SHAPE=\[1, 1, 2, 2, 1\] x "
+                                        r"DCN_MESH_SHAPE=\[1, 1, 1, 1, 1\] covers 4"):
+        mesh_lib.create_mesh([1, 1, 2, 2, 1], [1, 1, 1])
+    with pytest.raises(UserError, match=r"^ICI_MESH_SHAPE=\[2, 1, 1, 1\] x "
+                                        r"DCN_MESH_SHAPE=\[1, 1, 1, 1\] covers 2"):
+        mesh_lib.create_mesh([2, 1, 1, 1, 1], [1, 1, 1])
 
 
 def test_wrong_product_names_count_and_suggests_a_shape():

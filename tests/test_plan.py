@@ -34,7 +34,7 @@ def measured_plan():
 def test_tiny_plan_counts_the_model_and_its_sharded_state(measured_plan, tmp_path):
     p = measured_plan
     assert (p.num_devices, p.global_batch, p.seq_len) == (8, 64, 128)
-    assert p.mesh_shape == {"stage": 1, "replica": 2, "data": 2, "mdl": 2}
+    assert p.mesh_shape == {"stage": 1, "replica": 2, "data": 2, "context": 1, "mdl": 2}
     trainer = make_trainer(tmp_path, **MEASURED)
     assert p.num_params == trainer.num_params
     assert p.flops_per_token == trainer.flops_per_token

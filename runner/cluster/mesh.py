@@ -1,9 +1,10 @@
-"""The device mesh: ICI x DCN over axes (stage, replica, data, mdl).
+"""The device mesh: ICI x DCN over axes (stage, replica, data, context, mdl).
 
 ICI_MESH_SHAPE lays out the devices of one node (NVLink); DCN_MESH_SHAPE lays out the
 nodes (the slow network between them). The mesh size along each axis is
 ici[i] * dcn[i]. A shape of three entries [replica, data, mdl] has one pipeline stage;
-four entries put the stage count first, as Pax's pipelined configs do. A node is one process, as jax's hybrid mesh has it, or, when a job
+four entries put the stage count first, as Pax's pipelined configs do; five add the
+context axis before mdl (core/mesh_axes.py). A node is one process, as jax's hybrid mesh has it, or, when a job
 runs several processes per node (Pax's example_slurm_pile.sub starts one per GPU),
 the processes that share a node: SLURM_NODEID where srun set it, else the host name.
 """
@@ -20,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from core.errors import UserError
-from core.mesh_axes import BATCH_AXES, MESH_AXIS_NAMES, with_stage_axis
+from core.mesh_axes import BATCH_AXES, CONTEXT_AXIS, MESH_AXIS_NAMES, full_shape, written_shapes
 
 
 def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
@@ -28,7 +29,7 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     num_processes = len({d.process_index for d in devices})
     num_devices = len(devices)
-    ici, dcn = with_stage_axis(ici_mesh_shape), with_stage_axis(dcn_mesh_shape)
+    ici, dcn = full_shape(ici_mesh_shape), full_shape(dcn_mesh_shape)
     if math.prod(ici) * math.prod(dcn) != num_devices:
         raise _size_error(ici, dcn, devices, num_processes)
     if num_processes == 1:
@@ -48,9 +49,9 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
 
 def _size_error(ici: list[int], dcn: list[int], devices: list, num_processes: int) -> UserError:
     """The mesh does not cover this job's devices: the shapes as the user writes them (three
-    entries when there is one stage), a shape that fits, and on CPU how to get more."""
-    if ici[0] == dcn[0] == 1:
-        ici, dcn = ici[1:], dcn[1:]
+    entries when there is one stage and no context axis), a shape that fits, and on CPU how
+    to get more."""
+    ici, dcn = written_shapes(ici, dcn)
     wanted, num_devices = math.prod(ici) * math.prod(dcn), len(devices)
     per_process = num_devices // num_processes
     cpu = (f"; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} gives each "
@@ -100,8 +101,9 @@ def mesh_shape(mesh: Mesh) -> tuple[int, ...]:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of a [batch, seq] input array."""
-    return NamedSharding(mesh, P(BATCH_AXES, None))
+    """Sharding of a [batch, seq] input array: rows over the batch axes, each row's tokens
+    over the context axis."""
+    return NamedSharding(mesh, P(BATCH_AXES, CONTEXT_AXIS))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -111,7 +113,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def process_batch_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
     """The contiguous rows [start, stop) of the global batch this process must load."""
     sharding = batch_sharding(mesh)
-    index_map = sharding.addressable_devices_indices_map((batch_size, 1))
+    index_map = sharding.addressable_devices_indices_map((batch_size, mesh.shape[CONTEXT_AXIS]))
     starts = [idx[0].start or 0 for idx in index_map.values()]
     stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
     start, stop = min(starts), max(stops)

@@ -17,18 +17,21 @@ import fiddle as fdl
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax, transformers
 
-from runner.cluster.mesh import BATCH_AXES, MESH_AXIS_NAMES, with_stage_axis
+from core.mesh_axes import BATCH_AXES, CONTEXT_AXIS, MESH_AXIS_NAMES, full_shape
 
 
 def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
     """A copy of the LanguageModel `template` annotated for a mesh of `mesh_shape`.
 
-    `mesh_shape` is the whole mesh (ICI x DCN per axis) over MESH_AXIS_NAMES (or over the
-    last three, for one stage).
+    `mesh_shape` is the whole mesh (ICI x DCN per axis) over MESH_AXIS_NAMES (or written
+    shorter: mesh_axes.full_shape). With a context axis, activations split their sequence
+    dimension over it and weights their `data` dimension over (data, context), as praxis's
+    `seq_axis` lays them out (context parallelism shards weights like FSDP, as MaxText's).
     """
     model = copy.deepcopy(template)
-    mesh_shape = with_stage_axis(mesh_shape)
-    stage, replica, data, mdl = MESH_AXIS_NAMES
+    mesh_shape = full_shape(mesh_shape)
+    stage, replica, data, _, mdl = MESH_AXIS_NAMES
+    seq = CONTEXT_AXIS if mesh_shape[MESH_AXIS_NAMES.index(CONTEXT_AXIS)] > 1 else None
     lm = model.lm_tpl
     # praxis's helper also switches shared embeddings to one-hot matmul lookups;
     # the template's own choice of lookup is kept.
@@ -52,6 +55,7 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
         replica_axis=replica,
         data_axis=data,
         mdl_axis=mdl,
+        seq_axis=seq,
         ici_mesh_shape=mesh_shape,
         dcn_mesh_shape=None,
         mesh_axis_names=list(MESH_AXIS_NAMES),
@@ -65,14 +69,14 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
     for name, style in lookups.items():
         getattr(lm, name).lookup_style = style
     if issubclass(lm.stacked_transformer_tpl.cls, transformers.PipelinedTransformer):
-        _shard_pipeline(lm, stage, mdl)
+        _shard_pipeline(lm, stage, seq, mdl)
     model.lm_tpl = lm
     model.ici_mesh_shape = mesh_shape
     model.mesh_axis_names = list(MESH_AXIS_NAMES)
     return model
 
 
-def _shard_pipeline(lm: pax_fiddle.Config, stage: str, mdl: str) -> None:
+def _shard_pipeline(lm: pax_fiddle.Config, stage: str, seq: str | None, mdl: str) -> None:
     """The stage dimension of the pipelined layers' weights on `stage`, and the embedding
     lookup (the separate embedding, or the tied softmax) in data parallelism over every
     batch axis.
@@ -82,7 +86,7 @@ def _shard_pipeline(lm: pax_fiddle.Config, stage: str, mdl: str) -> None:
     came out wrong (against a one-device reference; the GPT's did not), and without it
     both match (tests/test_pipeline.py)."""
     lm.stacked_transformer_tpl.weight_split_dims_mapping.stages = [stage]
-    activations = [BATCH_AXES, None, mdl]
+    activations = [BATCH_AXES, seq, mdl]
     embedding = lm.separate_embedding_tpl or lm.softmax_tpl
     embedding.activation_split_dims_mapping.emb_out_split_dims_mapping = activations
     embedding.activation_split_dims_mapping.out = activations

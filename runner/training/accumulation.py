@@ -38,8 +38,8 @@ from runner.cluster import mesh as mesh_lib
 
 def split(batch: dict, steps: int, mesh: Mesh) -> dict:
     """Each [B, ...] array -> [K, B/K, ...]; [k] is sub-batch k (rows k, K+k, 2K+k, ...),
-    still sharded by rows over the batch axes, as the input was."""
-    sharding = NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES))
+    still sharded as the input was (rows over the batch axes, tokens over context)."""
+    sharding = NamedSharding(mesh, P(None, *mesh_lib.batch_sharding(mesh).spec))
 
     def one(x):
         x = x.reshape(x.shape[0] // steps, steps, *x.shape[1:])  # [B/K, K, ...]

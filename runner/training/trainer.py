@@ -17,11 +17,12 @@ import optax
 from jax.sharding import Mesh
 from praxis import base_layer
 
-from core import spec, step_metrics
+from core import sequence_order, spec, step_metrics
 from core.callbacks import RunInfo, StepInfo
 from core.data import BATCH_DTYPES
 from core.errors import UserError
 from core.log import log
+from core.mesh_axes import CONTEXT_AXIS
 from core.spec import RunSpec
 from runner.cluster import mesh as mesh_lib
 from runner.state import optimizer
@@ -57,6 +58,9 @@ class Trainer:
             for k, dtype in BATCH_DTYPES.items()
         }
         self.data_sharding = mesh_lib.batch_sharding(mesh)
+        # With a context axis, the order the model sees each row's tokens in.
+        self.token_order = (sequence_order.load_balanced_order(seq_len, mesh.shape[CONTEXT_AXIS])
+                            if mesh.shape[CONTEXT_AXIS] > 1 else None)
         replicated = mesh_lib.replicated(mesh)
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in self.batch_shapes.items()}
@@ -130,11 +134,28 @@ class Trainer:
         with praxis_context(do_eval=False):
             (metrics, _), collections = self.model.apply(
                 {"params": params},
-                as_model_batch(batch, self.model.fprop_dtype),
+                as_model_batch(self._laid_out(batch), self.model.fprop_dtype),
                 rngs={"random": key, "dropout": key},
                 mutable=mutable,
             )
         return metrics.total_loss, step_metrics.collect(collections.get(base_layer.SUMMARIES, {}))
+
+    def _laid_out(self, batch: dict) -> dict:
+        """The [B, T] batch with each row's tokens in context parallelism's load-balanced
+        order (core/sequence_order.py); as it is without a context axis. Positions and
+        documents travel with the tokens, so the loss is the same."""
+        if self.token_order is None:
+            return batch
+        return {k: jnp.take(v, jnp.asarray(self.token_order), axis=1) for k, v in batch.items()}
+
+    def _in_natural_order(self, predictions):
+        """The per-token [B, T, ...] predictions of a laid-out batch back in row order."""
+        if self.token_order is None:
+            return predictions
+        inverse, seq_len = jnp.asarray(np.argsort(self.token_order)), len(self.token_order)
+        return jax.tree_util.tree_map(
+            lambda x: jnp.take(x, inverse, axis=1) if x.ndim >= 2 and x.shape[1] == seq_len
+            else x, predictions)
 
     def _train_step(self, state, batch):
         step = state["step"]
@@ -184,10 +205,10 @@ class Trainer:
                 with praxis_context(do_eval=True):
                     predictions = self.model.apply(
                         {"params": params},
-                        as_model_batch(batch, self.model.fprop_dtype),
+                        as_model_batch(self._laid_out(batch), self.model.fprop_dtype),
                         method=self.model.compute_predictions,
                     )
-                return evaluation.batch_outputs(predictions, batch)
+                return evaluation.batch_outputs(self._in_natural_order(predictions), batch)
 
             self._eval_steps[evaluation.name] = jax.jit(
                 evaluate_batch,
