@@ -193,6 +193,62 @@ class Llama2_7B(_LlamaOnThePile):
 
 
 @register
+class Llama31_8B(_LlamaOnThePile):
+    """Llama 3.1 8B shape (grouped-query attention, 32 heads over 8 key/value heads, RoPE
+    theta 500000 with its "llama3" scaling, a 128256-token vocabulary) at its pre-training
+    length, 8192, on one node: weights split 8 ways (FSDP). Import its weights from Hugging
+    Face with CHECKPOINT_RESTORE_PATH (docs/guides/trained-weights.md); train longer with
+    Llama31_8B_32K or Llama31_8B_128K (docs/guides/long-context.md).
+
+    VOCAB_PATH=tokenizer.json python main.py --fdl_config=experiments.Llama31_8B --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama31-8b
+    """
+
+    NUM_LAYERS = 32
+    MODEL_DIMS = 4096
+    HIDDEN_DIMS = 14336
+    NUM_HEADS = 32
+    NUM_KV_HEADS = 8
+    DIMS_PER_HEAD = 128
+    VOCAB_SIZE = 128256
+    ROPE_MAX_WAVELENGTH = 500000.0
+    ROPE_SCALING_TYPE = "llama3"  # factor 8, low 1, high 4, from 8192: LlamaBase's defaults
+    MAX_SEQ_LEN = 8192
+    PERCORE_BATCH_SIZE = 1
+    LEARNING_RATE = 3e-4
+    LR_COS_DECAY_END = 100000
+    MAX_STEPS = 100000
+
+
+@register
+class Llama31_8B_32K(Llama31_8B):
+    """Llama31_8B at 32768 tokens on one node of 8 GPUs: each sequence split over 2 (context
+    parallelism) and the weights over all 8 (the data and context axes), 4 sequences a
+    step, no activations saved but each layer's input (`save_nothing`).
+
+    VOCAB_PATH=tokenizer.json python main.py --fdl_config=experiments.Llama31_8B_32K --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama31-8b-32k
+    """
+
+    MAX_SEQ_LEN = 32768
+    ICI_MESH_SHAPE = [1, 1, 4, 2, 1]  # [stage, replica, data, context, mdl]
+    PERCORE_BATCH_SIZE = 0.5
+    CHECKPOINT_POLICY = "save_nothing"
+
+
+@register
+class Llama31_8B_128K(Llama31_8B):
+    """Llama31_8B at 131072 tokens (Llama 3.1's context) on 8 GPUs: each sequence split 8
+    ways (context parallelism 8), the weights too, one sequence a step, `save_nothing`.
+
+    VOCAB_PATH=tokenizer.json python main.py --fdl_config=experiments.Llama31_8B_128K --data_dir=$TFDS_DATA_DIR --job_log_dir=runs/llama31-8b-128k
+    """
+
+    MAX_SEQ_LEN = 131072
+    ICI_MESH_SHAPE = [1, 1, 1, 8, 1]  # [stage, replica, data, context, mdl]
+    PERCORE_BATCH_SIZE = 0.125
+    CHECKPOINT_POLICY = "save_nothing"
+
+
+@register
 class LlamaTiny(SampleCorpusOnCPU, LlamaBase):
     """2 layers x 64 on the built-in sample corpus, 8 fake CPU devices (like Tiny).
 
