@@ -10,11 +10,12 @@ from core.errors import UserError
 _LRED = ("LR_LRED_* configure Pax's exponential-decay schedule (LinearRampupExponentialDecay), "
          "which Paxloom does not have; set LR_COS_*")
 
+# Pax's LR_SCHEDULE values (paxml c4.py) that Paxloom has: those its GPU configs and scripts
+# pass (run_llama_boolq.sh: 'constant' with LoRA, else 'linear_rampup_cosine_decay').
+LR_SCHEDULES = ("linear_rampup_cosine_decay", "constant")
+
 # name: (Pax's default, why no other value is accepted)
 ACCEPTED_AT_DEFAULT = {
-    "LR_SCHEDULE": ("linear_rampup_cosine_decay",
-                    "Paxloom has only praxis's 'linear_rampup_cosine_decay' (LR_COS_*), not "
-                    "Pax's LinearRampupExponentialDecay (LR_LRED_*)"),
     # paxml TransformerLmSpmdAdam's LR_LRED_* and set_default_adafactor's decay_end.
     "LR_LRED_WARMUP": (4000, _LRED),
     "LR_LRED_DECAY_START": (4001, _LRED),
@@ -52,7 +53,13 @@ def note_ignored(cls, name: str) -> None:
 
 
 def check(exp) -> None:
-    """Every accepted-at-default name at its default, or one line naming it and why."""
+    """LR_SCHEDULE one of LR_SCHEDULES, and every accepted-at-default name at its default,
+    or one line naming it and why."""
+    if exp.LR_SCHEDULE not in LR_SCHEDULES:
+        raise UserError(f"LR_SCHEDULE={exp.LR_SCHEDULE!r}: Paxloom has only praxis's "
+                        f"'linear_rampup_cosine_decay' (LR_COS_*) and 'constant' "
+                        f"(LEARNING_RATE throughout), not Pax's LinearRampupExponentialDecay "
+                        f"(LR_LRED_*)")
     for name, (default, reason) in ACCEPTED_AT_DEFAULT.items():
         value = getattr(exp, name)
         if value != default:

@@ -38,7 +38,8 @@ flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters an
                   "graph, then exit.")
 flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "
                     "(see scripts_gpu/download_the_pile.py), or paxml's TFDS output "
-                    "(the_pile/lm/1.0.0/*.tfrecord*, my_lambada/lm/1.0.0/*.tfrecord*).")
+                    "(the_pile/lm/1.0.0/*.tfrecord*, my_lambada/lm/1.0.0/*.tfrecord*, "
+                    "super_glue/boolq/1.0.2/*.tfrecord*).")
 flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts "
                     "pass; default: $TFDS_DATA_DIR.")
 flags.DEFINE_string("cache_dir", None, "Where tokenized training data is cached; default: "

@@ -66,7 +66,24 @@ def experiment(selection: Selection, hyperparameter_overrides: dict[str, str]):
     values = overrides.hyperparameter_values(hyperparameter_overrides, cls.hyperparameter_types())
     if run_record:
         values, selection = _with_recorded_settings(cls, run_record, values, selection)
+    if selection.mode == "eval" and not values.get("CHECKPOINT_RESTORE_PATH"):
+        values.update(_pax_job_weights(selection.job_log_dir))
     return cls(**values), selection
+
+
+def _pax_job_weights(job_log_dir: str | None) -> dict:
+    """Pax's EVAL_ONLY=1 (run_llama_boolq.sh: --mode=eval --job_log_dir=$CHECKPOINT_RESTORE_PATH,
+    a Pax job directory such as a converted LLaMA's): a job directory whose checkpoints/ holds
+    Pax's checkpoint_XXXXXXXX/ is evaluated as the starting weights, CHECKPOINT_RESTORE_PATH."""
+    from runner.state import pax_format
+
+    checkpoint_dir = os.path.join(job_log_dir or "", "checkpoints")
+    if not job_log_dir or not pax_format.is_pax_checkpoint(checkpoint_dir):
+        return {}
+    # Not core.log.log: jax must not start before jax.distributed does (main.py).
+    print(f"note: {job_log_dir} is a Pax job directory: evaluating its checkpoint "
+          f"(CHECKPOINT_RESTORE_PATH={checkpoint_dir})", file=sys.stderr)
+    return {"CHECKPOINT_RESTORE_PATH": checkpoint_dir}
 
 
 def _recorded_run(selection: Selection, name: str | None) -> dict | None:

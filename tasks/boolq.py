@@ -5,7 +5,10 @@ and evaluates on DIR/boolq/dev.jsonl (or on train.jsonl and dev.jsonl in DIR its
 files of github.com/google-research-datasets/boolean-questions (gs://boolq/train.jsonl,
 gs://boolq/dev.jsonl), one {"question", "title", "answer": true/false, "passage"} object per
 line. SuperGLUE's copy ({"label": true/false or 0/1} instead of "answer"; val.jsonl as the
-dev split) reads the same.
+dev split) reads the same. Without them, DIR is read as Pax's TFDS_DATA_DIR (--tfds_data_dir):
+TFDS's super_glue/boolq/1.0.2 train and validation shards, what Pax's seqio task 'boolq' reads
+(tasks/tfds.py; without TensorFlow), each example numbered by its "idx" + 1, its line in
+SuperGLUE's val.jsonl, and read in that order.
 
 What Pax does, and so this module (paxml/contrib/gpu/scripts_gpu/tasks.py: the seqio task
 'boolq' and BoolQDataset; praxis/contrib/gpu/scripts_gpu/models.py: CustomMetricsLM with
@@ -46,6 +49,7 @@ import numpy as np
 from core.data import DataSettings, Tokenizer
 from core.errors import UserError
 from core.spec import Evaluation
+from tasks import tfds
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.packing import make_batch
 from tasks.text_formats import jsonl_records
@@ -54,7 +58,8 @@ from tasks.vocab import PAD_ID
 ANSWER_WORDS = ("yes", "no")  # Pax's TRUE_TOKEN, FALSE_TOKEN: s.encode('yes'), s.encode('no')
 TARGET_RESERVE = 64  # Pax's task_feature_lengths: {'targets': 64, 'inputs': MAX_SEQ_LEN - 64}
 SPLIT_FILES = {"train": ("train.jsonl",), "dev": ("dev.jsonl", "val.jsonl")}
-SOURCE = "github.com/google-research-datasets/boolean-questions (gs://boolq/{train,dev}.jsonl)"
+SOURCE = ("github.com/google-research-datasets/boolean-questions (gs://boolq/{train,dev}.jsonl)"
+          ", or TFDS's super_glue/boolq/1.0.2 (tfds.load('super_glue/boolq:1.0.2'))")
 
 
 # ----- reading ---------------------------------------------------------------------------
@@ -65,7 +70,7 @@ class BoolQExample:
     question: str
     passage: str
     answer: bool
-    line: int  # 1-based line in the source file
+    line: int  # 1-based line in the source file (TFDS: "idx" + 1, its line in SuperGLUE's jsonl)
 
 
 def format_input(example: BoolQExample) -> str:
@@ -91,13 +96,23 @@ def _answer(record: dict, where: str) -> bool:
 
 
 def read_boolq(path) -> list[BoolQExample]:
-    """Every example of a BoolQ jsonl file, in file order; UserError naming file:line for a
-    bad line, and for a missing or empty file."""
+    """Every example of a BoolQ jsonl file, in file order, or of the TFDS split whose shards
+    `path` prefixes (tasks/tfds.py split_prefix), in "idx" order; UserError naming file:line
+    (or shard:record) for a bad one, and for a missing or empty file."""
     path = Path(path)
-    if not path.is_file():
+    if tfds.is_tfrecord(path):
+        examples = _read_tfds(path)
+    elif not path.is_file():
         raise UserError(f"{path} does not exist; download BoolQ's train.jsonl and dev.jsonl "
                         f"from {SOURCE}")
-    examples = []
+    else:
+        examples = list(_read_jsonl(path))
+    if not examples:
+        raise UserError(f"{path} has no examples; re-download it from {SOURCE}")
+    return examples
+
+
+def _read_jsonl(path: Path) -> Iterator[BoolQExample]:
     for where, lineno, record in jsonl_records(path, fix="fix the line or re-download the file"):
         if not isinstance(record, dict):
             raise UserError(f"{where} is not a JSON object; each line must be "
@@ -107,26 +122,59 @@ def read_boolq(path) -> list[BoolQExample]:
                 raise UserError(f'{where} has no "{key}" string; each line must be '
                                 f'{{"question": ..., "passage": ..., "answer": true or '
                                 f"false}}")
-        examples.append(BoolQExample(record["question"], record["passage"],
-                                     _answer(record, where), lineno))
-    if not examples:
-        raise UserError(f"{path} has no examples; re-download it from {SOURCE}")
-    return examples
+        yield BoolQExample(record["question"], record["passage"], _answer(record, where), lineno)
+
+
+def _read_tfds(prefix: Path) -> list[BoolQExample]:
+    """TFDS's super_glue/boolq split: tf.train.Examples with bytes "question" and
+    "passage", int64 "idx" and "label" (ClassLabel ['False', 'True']; -1, the test split's,
+    has no answer), sorted by idx."""
+    shards = tfds.prefixed_shards(prefix)
+    if not shards:
+        raise UserError(f"no {prefix}-* shards; download BoolQ from {SOURCE}")
+    examples = []
+    for shard in shards:
+        for record, raw in enumerate(tfds.read_records(shard), start=1):
+            where = f"{shard}: record {record}"
+            try:
+                features = tfds.parse_example(raw)
+            except ValueError as error:
+                raise UserError(f"{where} is not a tf.train.Example ({error}); copy or build "
+                                f"the dataset again") from None
+            try:
+                (question,), (passage,) = features["question"], features["passage"]
+                (idx,), (label,) = features["idx"], features["label"]
+                question, passage = question.decode("utf-8"), passage.decode("utf-8")
+            except (KeyError, ValueError, TypeError, AttributeError):
+                raise UserError(f"{where} is not a super_glue/boolq example (one each of bytes "
+                                f"question and passage, int idx and label; it has "
+                                f"{sorted(features)})") from None
+            if label not in (0, 1):
+                raise UserError(f"{where} has label {label}; it must be 0 (False) or 1 (True) "
+                                f"(the test split has none)")
+            examples.append(BoolQExample(question, passage, bool(label), int(idx) + 1))
+    return sorted(examples, key=lambda example: example.line)
 
 
 def boolq_file(data_dir, split: str) -> str:
-    """The `split` ("train" or "dev") file under `data_dir`: DIR/boolq/NAME or DIR/NAME."""
+    """The `split` ("train" or "dev") file under `data_dir`: DIR/boolq/NAME or DIR/NAME, else
+    the prefix of the split's TFDS shards, DIR/super_glue/boolq/1.0.2/super_glue-SPLIT.tfrecord."""
     if not data_dir:
-        raise UserError("DATASET='boolq' needs --data_dir naming a directory with "
-                        f"boolq/train.jsonl and boolq/dev.jsonl; download them from {SOURCE}")
+        raise UserError("DATASET='boolq' needs --data_dir (or --tfds_data_dir) naming a "
+                        "directory with boolq/train.jsonl and boolq/dev.jsonl, or with TFDS's "
+                        f"super_glue/boolq/1.0.2; download them from {SOURCE}")
     root = Path(data_dir)
     candidates = [folder / name for name in SPLIT_FILES[split]
                   for folder in (root / "boolq", root)]
     for path in candidates:
         if path.is_file():
             return str(path)
+    prefix = tfds.split_prefix(root, tfds.BOOLQ, tfds.BOOLQ_SPLITS[split])
+    if tfds.prefixed_shards(prefix):
+        return str(prefix)
     raise UserError(f"no BoolQ {split} split under --data_dir={data_dir}: none of "
-                    f"{', '.join(map(str, candidates))} exists; download it from {SOURCE}")
+                    f"{', '.join(map(str, candidates))} exists, nor TFDS shards {prefix}-*; "
+                    f"download it from {SOURCE}")
 
 
 # ----- tokenizing ------------------------------------------------------------------------

@@ -12,9 +12,21 @@ features as byte strings:
 They are read with TensorFlow's own TFRecord reader (TensorFlow is imported on this
 path only: `pip install .[tfds]`) and tokenized into the same prepared shards as the
 jsonl files, so training never touches TensorFlow after the first pass.
+
+BoolQ as Pax's seqio task 'boolq' reads it (tfds_name='super_glue/boolq', pinned 1.0.2),
+as TFDS itself writes it (ClassLabel "label", int32 "idx", Text "passage" and "question"):
+
+    <tfds_data_dir>/super_glue/boolq/1.0.2/super_glue-train.tfrecord-00000-of-NNNNN
+                                           super_glue-validation.tfrecord-...
+
+is read without TensorFlow (read_records, parse_example: the TFRecord framing with its
+CRC32C checks and the tf.train.Example wire format, in Python), since it is read again by
+every run, on GPU machines that have no TensorFlow.
 """
 
+import itertools
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +37,8 @@ from core.errors import UserError
 PILE = ("the_pile", "lm", "1.0.0")
 LAMBADA = ("my_lambada", "lm", "1.0.0")
 PILE_SPLITS = {"train": "train", "val": "validation", "test": "test"}
+BOOLQ = ("super_glue", "boolq", "1.0.2")  # Pax's seqio task 'boolq' (pinned_version)
+BOOLQ_SPLITS = {"train": "train", "dev": "validation"}
 
 
 def builder_dir(data_dir, builder: tuple[str, str, str]) -> Path:
@@ -35,13 +49,22 @@ def is_tfrecord(path) -> bool:
     return ".tfrecord" in Path(path).name
 
 
+def split_prefix(data_dir, builder: tuple[str, str, str], split: str) -> Path:
+    """What a split's shard names start with: <builder dir>/<name>-<split>.tfrecord."""
+    return builder_dir(data_dir, builder) / f"{builder[0]}-{split}.tfrecord"
+
+
 def shards(data_dir, builder: tuple[str, str, str], split: str) -> list[Path]:
     """The split's TFRecord shards, in order; [] when the builder has none."""
-    directory = builder_dir(data_dir, builder)
+    return prefixed_shards(split_prefix(data_dir, builder, split))
+
+
+def prefixed_shards(prefix) -> list[Path]:
+    """The shards named `prefix`-XXXXX-of-NNNNN (split_prefix), in order."""
+    directory, name = Path(prefix).parent, Path(prefix).name
     if not directory.is_dir():
         return []
-    prefix = f"{builder[0]}-{split}.tfrecord"
-    return sorted(p for p in directory.iterdir() if p.name.startswith(prefix) and p.is_file())
+    return sorted(p for p in directory.iterdir() if p.name.startswith(name) and p.is_file())
 
 
 def _tensorflow():
@@ -84,3 +107,129 @@ def iter_examples(path, features: tuple[str, ...], stats=None) -> Iterator[tuple
     except tf.errors.OpError as error:  # DataLossError: a truncated or corrupt shard
         raise UserError(f"{path} is corrupt after {record} records ({error.message}); "
                         f"rebuild it with paxml's download script") from None
+
+
+# ----- TFRecords without TensorFlow ------------------------------------------------------
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # Castagnoli, reflected
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC32C of `data`, rotated right by 15 bits plus a constant."""
+    crc, table = 0xFFFFFFFF, _CRC32C
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_records(path) -> Iterator[bytes]:
+    """Each record of a TFRecord file (uncompressed, as TFDS writes them): a little-endian
+    uint64 length, its masked CRC32C, the data, the data's masked CRC32C. A truncated or
+    corrupt file is a UserError naming it and the record."""
+    with open(path, "rb") as f:
+        for record in itertools.count(1):
+            header = f.read(12)
+            if not header:
+                return
+            whole = len(header) == 12
+            if whole:
+                length, length_crc = struct.unpack("<QI", header)
+                whole = masked_crc32c(header[:8]) == length_crc
+            if whole:
+                data, footer = f.read(length), f.read(4)
+                whole = (len(data) == length and len(footer) == 4
+                         and masked_crc32c(data) == struct.unpack("<I", footer)[0])
+            if not whole:
+                raise UserError(f"{path} is truncated or corrupt at record {record} (its "
+                                f"TFRecord checksum does not match); copy or build the "
+                                f"dataset again")
+            yield data
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, object]]:
+    """(field number, wire type, value) of each field of a protobuf message: an int for
+    varints, bytes for the rest. IndexError or ValueError when `buf` is not a message."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        else:
+            if wire == 2:
+                size, pos = _varint(buf, pos)
+            elif wire in (1, 5):
+                size = 8 if wire == 1 else 4
+            else:
+                raise ValueError(f"wire type {wire}")
+            if pos + size > len(buf):
+                raise ValueError("field past the end")
+            value, pos = buf[pos:pos + size], pos + size
+        yield key >> 3, wire, value
+
+
+def _feature_values(feature: bytes) -> list:
+    """A tf.train.Feature's values: its BytesList (1), FloatList (2) or Int64List (3)."""
+    values = []
+    for kind, _, value_list in _fields(feature):
+        for number, wire, value in _fields(value_list):
+            if number != 1:
+                continue
+            if kind == 1:
+                values.append(value)
+            elif kind == 2:  # packed (wire type 2) or one float (5)
+                values.extend(struct.unpack(f"<{len(value) // 4}f", value))
+            elif kind == 3 and wire == 0:
+                values.append(value - (1 << 64) if value >= 1 << 63 else value)
+            elif kind == 3:  # packed varints
+                pos = 0
+                while pos < len(value):
+                    item, pos = _varint(value, pos)
+                    values.append(item - (1 << 64) if item >= 1 << 63 else item)
+    return values
+
+
+def parse_example(raw: bytes) -> dict[str, list]:
+    """A serialized tf.train.Example as {feature name: its values}: bytes, floats or ints.
+    ValueError when `raw` is not one."""
+    features = {}
+    try:
+        for number, _, message in _fields(raw):
+            if number != 1:  # Example.features
+                continue
+            for entry_number, _, entry in _fields(message):  # Features.feature, a map
+                if entry_number != 1:
+                    continue
+                name, values = b"", []
+                for key, _, value in _fields(entry):
+                    if key == 1:
+                        name = value
+                    elif key == 2:
+                        values = _feature_values(value)
+                features[name.decode("utf-8")] = values
+    except (IndexError, TypeError, struct.error) as error:  # ValueError passes as it is
+        raise ValueError(f"not a tf.train.Example ({error})") from None
+    return features

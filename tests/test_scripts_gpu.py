@@ -15,6 +15,9 @@ from tests.support.paths import MAIN_PY, REPO_ROOT
 SCRIPTS = REPO_ROOT / "scripts_gpu"
 LAUNCHERS = ["run_pile_singlenode.sh", "run_pile_multinode.sh", "run_lambada_singlenode.sh"]
 ALL_SCRIPTS = sorted(SCRIPTS.glob("*.sh")) + sorted(SCRIPTS.glob("*.sub"))
+# paxml's own scripts, kept as paxml wrote them but for their module paths
+# (tests/test_llama_boolq_script.py runs it): not linted as Paxloom's.
+PAXML_VERBATIM = {"run_llama_boolq.sh"}
 
 
 # Settings the scripts read; tests start without the caller's (and conftest's 8-device XLA_FLAGS).
@@ -80,7 +83,8 @@ def inputs(tmp_path):
 def test_shellcheck():
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck not installed")
-    res = run(["shellcheck", "-x", *map(str, ALL_SCRIPTS)], env=clean_env())
+    res = run(["shellcheck", "-x", *(str(s) for s in ALL_SCRIPTS if s.name not in PAXML_VERBATIM)],
+              env=clean_env())
     assert res.returncode == 0, res.stdout + res.stderr
 
 

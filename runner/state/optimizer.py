@@ -3,7 +3,8 @@
 Same update as praxis's sharded_adam (bias-corrected moments, epsilon outside the
 square root, epsilon_root and update clipping as ADAM_EPSILON_ROOT and
 ADAM_CLIP_THRESHOLD say: 0 and off in the Pax GPU configs) plus global-norm gradient
-clipping, on optax; tests/test_optimizer.py checks both against praxis. `train_only`
+clipping, on optax; tests/test_optimizer.py checks both against praxis. Pax's 'constant'
+schedule (LR_SCHEDULE) is the learning rate throughout. `train_only`
 restricts an optimizer to some parameters (USE_LORA: the adapters), the rest frozen;
 `overwrite_with_gradient` leaves some to the backward pass (USE_FP8's scaling state).
 """
@@ -35,6 +36,16 @@ def linear_rampup_cosine_decay(
         progress = jnp.clip((step - decay_start) / span, 0.0, 1.0)
         cosine = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
         return learning_rate * peak * warmup * cosine
+
+    return schedule
+
+
+def constant(*, learning_rate: float) -> optax.Schedule:
+    """Pax's LR_SCHEDULE='constant' (praxis schedules.Constant, value 1): the learning rate
+    at every step, without warmup or decay."""
+
+    def schedule(step):
+        return jnp.full_like(jnp.asarray(step, jnp.float32), learning_rate)
 
     return schedule
 

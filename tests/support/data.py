@@ -152,6 +152,59 @@ def make_tfds_data(root, num_train: int, num_passages: int, seed: int):
     return root / "datasets", vocab, docs, passages
 
 
+def write_tfds_boolq(root, splits: dict[str, list[dict]], num_shards: int = 2) -> Path:
+    """TFDS's super_glue/boolq/1.0.2 under `root` (a TFDS_DATA_DIR), as
+    `tfds.builder('super_glue/boolq').download_and_prepare()` writes it: each split's
+    tf.train.Examples (Text "question", "passage": bytes; int32 "idx", ClassLabel "label":
+    int64) in `num_shards` shards, written out of idx order as TFDS shuffles them, beside
+    dataset_info.json, features.json and label.labels.txt. `splits` maps "train" and
+    "validation" to {"question", "passage", "label": 0/1 or -1} records, idx = position."""
+    import tensorflow as tf
+
+    directory = Path(root) / "super_glue" / "boolq" / "1.0.2"
+    directory.mkdir(parents=True, exist_ok=True)
+    split_infos = []
+    for split, records in splits.items():
+        examples = []
+        for idx, record in enumerate(records):
+            feature = {"idx": tf.train.Feature(int64_list=tf.train.Int64List(value=[idx])),
+                       "label": tf.train.Feature(int64_list=tf.train.Int64List(
+                           value=[record["label"]]))}
+            for name in ("passage", "question"):
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[record[name].encode("utf-8")]))
+            examples.append(tf.train.Example(
+                features=tf.train.Features(feature=feature)).SerializeToString())
+        random.Random(split).shuffle(examples)
+        lengths, per_shard = [], -(-len(examples) // num_shards)
+        for shard in range(num_shards):
+            part = examples[shard * per_shard:(shard + 1) * per_shard]
+            name = f"super_glue-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}"
+            with tf.io.TFRecordWriter(str(directory / name)) as writer:
+                for example in part:
+                    writer.write(example)
+            lengths.append(str(len(part)))
+        split_infos.append({"name": split, "shardLengths": lengths,
+                            "numBytes": str(sum(map(len, examples))),
+                            "filepathTemplate": "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"})
+    (directory / "dataset_info.json").write_text(json.dumps({
+        "name": "super_glue", "configName": "boolq", "version": "1.0.2",
+        "moduleName": "tensorflow_datasets.text.super_glue", "fileFormat": "tfrecord",
+        "splits": split_infos}, indent=2))
+    text = {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}}
+    (directory / "features.json").write_text(json.dumps({
+        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+        "featuresDict": {"features": {
+            "idx": {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+                    "tensor": {"shape": {}, "dtype": "int32", "encoding": "none"}},
+            "label": {"pythonClassName":
+                      "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                      "classLabel": {"numClasses": "2"}},
+            "passage": text, "question": text}}}, indent=2))
+    (directory / "label.labels.txt").write_text("False\nTrue\n")
+    return Path(root)
+
+
 # --- a user's own corpus and tokenizer (tasks/text_formats.py, tasks/tokenizer.py) ---------
 
 CORPUS_FORMATS = (
