@@ -38,18 +38,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
             microbatch_size=exp.MICROBATCH_SIZE, stream_io=exp.STREAM_IO)
     model = partitioning.shard_model(model, spec.mesh_size(mesh))
     if mesh_axes.axis_size(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS) > 1:
-        # The train step lays the tokens out of order (core/sequence_order.py): the model
-        # reads each token's position and document from the batch, as packed input does.
-        model.lm_tpl.packed_input = True
-    schedule = fdl.Config(
-        optimizer.linear_rampup_cosine_decay,
-        learning_rate=exp.LEARNING_RATE,
-        warmup_steps=exp.LR_COS_WARMUP,
-        decay_start=exp.LR_COS_DECAY_START,
-        decay_end=exp.LR_COS_DECAY_END,
-        min_ratio=exp.LR_COS_MIN_RATIO,
-        peak=exp.LR_COS_MAX,
-    )
+        attention.use_context_parallelism(model.lm_tpl)
+    schedule = _schedule(exp)
     opt = fdl.Config(
         optimizer.adamw,
         schedule=schedule,
@@ -107,6 +97,22 @@ def _pipeline(exp) -> fdl.Config | None:
     return fdl.Config(spec.PipelineSpec, num_stages=stages,
                       num_microbatches=exp.batch_layout().num_microbatches,
                       circular_repeat=exp.CIRCULAR_REPEAT)
+
+
+def _schedule(exp) -> fdl.Config:
+    """Pax's LR_SCHEDULE: 'constant' (praxis schedules.Constant: LEARNING_RATE, LR_COS_*
+    unused) or 'linear_rampup_cosine_decay' (experiments/pax_compat.py refuses the others)."""
+    if exp.LR_SCHEDULE == "constant":
+        return fdl.Config(optimizer.constant, learning_rate=exp.LEARNING_RATE)
+    return fdl.Config(
+        optimizer.linear_rampup_cosine_decay,
+        learning_rate=exp.LEARNING_RATE,
+        warmup_steps=exp.LR_COS_WARMUP,
+        decay_start=exp.LR_COS_DECAY_START,
+        decay_end=exp.LR_COS_DECAY_END,
+        min_ratio=exp.LR_COS_MIN_RATIO,
+        peak=exp.LR_COS_MAX,
+    )
 
 
 def _initial_weights(exp) -> fdl.Config | None:

@@ -40,6 +40,7 @@ order. "flash" (the default there) or "xla" per shard; the rest have no context 
 """
 
 import functools
+import math
 
 import fiddle as fdl
 import jax
@@ -48,7 +49,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 from praxis import py_utils
-from praxis.layers import attentions, multi_query_attention
+from praxis.layers import attentions, multi_query_attention, transformer_models
 
 from core import sequence_order, target
 from core.mesh_axes import CONTEXT_AXIS
@@ -236,6 +237,30 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
         return checkpoint_name(encoded, "out_proj"), None
 
 
+class ContextParallelTransformerLm(transformer_models.TransformerLm):
+    """praxis's TransformerLm for a model whose attention reads documents and order from
+    the positions (the context-parallel path above), not from praxis's mask: its stack is
+    given a mask of zeros. praxis would build its [B, 1, T, T] document mask from the
+    segment ids, and a scanned stack (USE_REPEATED_LAYER) takes it as an input of the scan,
+    which XLA keeps whole however little of it is read: 32 GiB of bfloat16 at 131072
+    tokens. A constant XLA sinks into the loop instead, where nothing reads it."""
+
+    def __call__(self, inputs, paddings, *args, segment_mask=None, **kwargs):
+        if segment_mask is None:
+            batch, length = inputs.shape[:2]
+            segment_mask = jnp.zeros((batch, 1, length, length), self.fprop_dtype)
+        return super().__call__(inputs, paddings, *args, segment_mask=segment_mask, **kwargs)
+
+
+def use_context_parallelism(lm: fdl.Config) -> None:
+    """Make the TransformerLm template `lm` one for a mesh with a context axis: the train
+    step lays the tokens out of order (core/sequence_order.py), so the model reads each
+    token's position and document from the batch, as packed input does, and its attention
+    (already a fused class, use_attention_impl) masks by them."""
+    lm.packed_input = True
+    fdl.update_callable(lm, ContextParallelTransformerLm)
+
+
 def _repeat_heads(x, num_heads: int):
     """[B, S, K, H] -> [B, S, num_heads, H], each key/value head serving its query group."""
     return x if x.shape[2] == num_heads else jnp.repeat(x, num_heads // x.shape[2], axis=2)
@@ -299,18 +324,23 @@ def cudnn_packed_attention(query, key, value, segment_ids):
 
 
 FLASH_BLOCK = 128  # query rows per block of flash_attention
+FLASH_KEY_BLOCK = 512  # key columns per block
 
 
 @jax.custom_vjp
 def flash_attention(query, key, value, q_segments, k_segments, q_positions, k_positions):
-    """Attention within documents, causal by position, in plain JAX, computed a block of
-    queries at a time, keeping for the backward pass only what a flash kernel keeps: the
-    inputs, the output and each row's log-sum-exp. query [B, T, N, H] (scaled), key/value
-    [B, S, K, H]; q_segments, q_positions [B, T] and k_segments, k_positions [B, S] int:
-    query q sees key k when their segments are equal and k's position is not after q's.
-    Slower than a fused kernel; the portable exact kernel ("flash", and per shard with a
-    context axis), the stand-in that plans a fused kernel's memory on CPU, and an
-    independent check of the fused kernels' mask."""
+    """Attention within documents, causal by position, in plain JAX: flash attention's
+    algorithm (Dao et al. 2022) with XLA's matmuls. Blocks of queries against blocks of keys
+    with an online softmax; the backward pass keeps only what a flash kernel keeps (the
+    inputs, the output and each row's log-sum-exp) and recomputes each block's scores. No
+    [T, S] array, and key/value heads are not repeated for their query groups.
+
+    query [B, T, N, H] (scaled), key/value [B, S, K, H] with K dividing N; q_segments,
+    q_positions [B, T] and k_segments, k_positions [B, S] int: query q sees key k when their
+    segments are equal and k's position is not after q's (every query must see one key,
+    e.g. itself). Slower than a fused kernel; the portable exact kernel ("flash", and per
+    shard with a context axis), the stand-in that plans a fused kernel's memory on CPU,
+    and an independent check of the fused kernels' mask."""
     return _flash_forward(query, key, value, q_segments, k_segments, q_positions,
                           k_positions)[0]
 
@@ -334,70 +364,129 @@ def _flash_unblock(x):
     return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])
 
 
-def _flash_scores(q_block, q_segments, q_positions, key, k_segments, k_positions):
-    """Masked float32 scores [B, N, block, S] of one block of queries with their segments
-    and positions [B, block]."""
-    scores = jnp.einsum("bqnh,bsnh->bnqs", q_block, key, preferred_element_type=jnp.float32)
+def _grouped(x, kv_heads: int):
+    """[B, T, N, H] -> [B, T, K, N / K, H]: each key/value head's query group."""
+    b, t, n, h = x.shape
+    return x.reshape(b, t, kv_heads, n // kv_heads, h)
+
+
+def _flash_scores(q, q_segments, q_positions, k, k_segments, k_positions):
+    """Masked float32 scores [B, K, G, bq, bk] of a block of grouped queries q [B, bq, K, G,
+    H] against a block of keys k [B, bk, K, H], with their segments and positions."""
+    scores = jnp.einsum("bqkgh,bskh->bkgqs", q, k, preferred_element_type=jnp.float32)
     visible = ((q_positions[:, :, None] >= k_positions[:, None, :])
-               & (q_segments[:, :, None] == k_segments[:, None, :]))  # [B, block, S]
-    return jnp.where(visible[:, None], scores, py_utils.get_large_negative_number(jnp.float32))
+               & (q_segments[:, :, None] == k_segments[:, None, :]))  # [B, bq, bk]
+    # The mask depends on the batch alone, so under rematerialisation jax computes it in
+    # the forward pass and keeps it for the backward one, once per block pair, as the
+    # select reads it: broadcast over the heads, 32 times the bytes of `visible` (64 GiB
+    # at 131072 tokens over 8 devices). Broadcasting it in a term that reads the scores
+    # keeps only `visible`. (No score is below -inf: the term is `visible` itself, NaNs
+    # included.)
+    visible = visible[:, None, None] & ~(scores < -jnp.inf)
+    return jnp.where(visible, scores, py_utils.get_large_negative_number(jnp.float32))
+
+
+def _flash_block_sizes(query, key) -> tuple[int, int]:
+    return math.gcd(query.shape[1], FLASH_BLOCK), math.gcd(key.shape[1], FLASH_KEY_BLOCK)
 
 
 def _flash_forward(query, key, value, q_segments, k_segments, q_positions, k_positions):
-    key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
-    block = min(FLASH_BLOCK, query.shape[1])
+    kv_heads = key.shape[2]
+    q_block, k_block = _flash_block_sizes(query, key)
+    key_blocks = tuple(_flash_blocks(x, k_block)
+                       for x in (key, value, k_segments, k_positions))
 
-    def one_block(args):
-        q_block, qs_block, qp_block = args
-        scores = _flash_scores(q_block, qs_block, qp_block, key, k_segments, k_positions)
-        lse = jax.nn.logsumexp(scores, axis=-1)  # [B, N, block]
-        probs = jnp.exp(scores - lse[..., None]).astype(value.dtype)
-        return jnp.einsum("bnqs,bsnh->bqnh", probs, value), lse
+    def one_query_block(args):
+        q, segments, positions = args
+        q = _grouped(q, kv_heads)  # [B, bq, K, G, H]
+        b, bq, k, g, h = q.shape
 
-    out, lse = jax.lax.map(one_block, tuple(_flash_blocks(x, block)
-                                            for x in (query, q_segments, q_positions)))
+        def one_key_block(carry, keys):
+            row_max, row_sum, acc = carry  # [B, K, G, bq] twice, [B, K, G, bq, H]
+            k_, v_, k_segments_, k_positions_ = keys
+            scores = _flash_scores(q, segments, positions, k_, k_segments_, k_positions_)
+            new_max = jnp.maximum(row_max, jnp.max(scores, axis=-1))
+            # Rows with nothing visible yet hold the fill value: their sums restart at the
+            # first visible key (the correction below is then 0).
+            correction = jnp.exp(row_max - new_max)
+            probs = jnp.exp(scores - new_max[..., None])
+            row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
+            acc = acc * correction[..., None] + jnp.einsum(
+                "bkgqs,bskh->bkgqh", probs.astype(v_.dtype), v_,
+                preferred_element_type=jnp.float32)
+            return (new_max, row_sum, acc), None
+
+        fill = py_utils.get_large_negative_number(jnp.float32)
+        init = (jnp.full((b, k, g, bq), fill, jnp.float32), jnp.zeros((b, k, g, bq), jnp.float32),
+                jnp.zeros((b, k, g, bq, h), jnp.float32))
+        (row_max, row_sum, acc), _ = jax.lax.scan(one_key_block, init, key_blocks)
+        out = jnp.moveaxis(acc / row_sum[..., None], 3, 1).reshape(b, bq, k * g, h)
+        return out.astype(value.dtype), row_max + jnp.log(row_sum)
+
+    out, lse = jax.lax.map(one_query_block, tuple(_flash_blocks(x, q_block)
+                                                  for x in (query, q_segments, q_positions)))
     out = _flash_unblock(out)
     return out, (query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse)
 
 
 def _flash_backward(residuals, d_out):
+    """Gradients of query, key and value: blocks of queries against all key blocks for the
+    query's, then blocks of keys against all query blocks for the key's and value's, each
+    block's probabilities recomputed from the log-sum-exp."""
     query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse = residuals
-    block = min(FLASH_BLOCK, query.shape[1])
+    kv_heads = key.shape[2]
+    q_block, k_block = _flash_block_sizes(query, key)
+    key_blocks = tuple(_flash_blocks(x, k_block)
+                       for x in (key, value, k_segments, k_positions))
+    query_blocks = (*(_flash_blocks(x, q_block)
+                      for x in (query, d_out, out, q_segments, q_positions)), lse)
 
-    def one_block(carry, args):
-        d_key, d_value = carry
-        q_block, do_block, o_block, qs_block, qp_block, lse_block = args
-        scores = _flash_scores(q_block, qs_block, qp_block, key, k_segments, k_positions)
-        probs = jnp.exp(scores - lse_block[..., None])
-        do32 = do_block.astype(jnp.float32)
-        d_value += jnp.einsum("bnqs,bqnh->bsnh", probs, do32)
-        d_probs = jnp.einsum("bqnh,bsnh->bnqs", do32, value.astype(jnp.float32))
-        row_dot = jnp.einsum("bqnh,bqnh->bnq", do32, o_block.astype(jnp.float32))
-        d_scores = probs * (d_probs - row_dot[..., None])
-        d_query = jnp.einsum("bnqs,bsnh->bqnh", d_scores, key.astype(jnp.float32))
-        d_key += jnp.einsum("bnqs,bqnh->bsnh", d_scores, q_block.astype(jnp.float32))
-        return (d_key, d_value), d_query
+    def block_terms(queries, keys):
+        """For a query block and a key block: the probabilities [B, K, G, bq, bk], the
+        score gradients, and the grouped float32 query and output gradient."""
+        q, do, o, segments, positions, lse_ = queries
+        k_, v_, k_segments_, k_positions_ = keys
+        q, do, o = (_grouped(x, kv_heads) for x in (q, do, o))
+        q32, do32 = q.astype(jnp.float32), do.astype(jnp.float32)
+        row_dot = jnp.einsum("bqkgh,bqkgh->bkgq", do32, o.astype(jnp.float32))
+        probs = jnp.exp(_flash_scores(q, segments, positions, k_, k_segments_, k_positions_)
+                        - lse_[..., None])
+        d_probs = jnp.einsum("bqkgh,bskh->bkgqs", do32, v_.astype(jnp.float32))
+        return probs, probs * (d_probs - row_dot[..., None]), q32, do32
 
-    zeros = jnp.zeros(key.shape, jnp.float32)
-    blocks = (*(_flash_blocks(x, block) for x in (query, d_out, out, q_segments, q_positions)),
-              lse)
-    (d_key, d_value), d_query = jax.lax.scan(one_block, (zeros, zeros), blocks)
-    return _flash_unblock(d_query), d_key, d_value
+    def d_query_block(queries):
+        def one_key_block(d_q, keys):
+            _, d_scores, _, _ = block_terms(queries, keys)
+            return d_q + jnp.einsum("bkgqs,bskh->bqkgh", d_scores,
+                                    keys[0].astype(jnp.float32)), None
+
+        b, bq, n, h = queries[0].shape
+        zeros = jnp.zeros((b, bq, kv_heads, n // kv_heads, h), jnp.float32)
+        return jax.lax.scan(one_key_block, zeros, key_blocks)[0].reshape(b, bq, n, h)
+
+    def d_key_value_block(keys):
+        def one_query_block(carry, queries):
+            d_k, d_v = carry
+            probs, d_scores, q32, do32 = block_terms(queries, keys)
+            return (d_k + jnp.einsum("bkgqs,bqkgh->bskh", d_scores, q32),
+                    d_v + jnp.einsum("bkgqs,bqkgh->bskh", probs, do32)), None
+
+        zeros = jnp.zeros(keys[0].shape, jnp.float32)
+        return jax.lax.scan(one_query_block, (zeros, zeros), query_blocks)[0]
+
+    d_query = _flash_unblock(jax.lax.map(d_query_block, query_blocks))
+    d_key, d_value = (_flash_unblock(x) for x in jax.lax.map(d_key_value_block, key_blocks))
+    return d_query, d_key, d_value
 
 
 def _flash_vjp_forward(query, key, value, *masks):
-    out, residuals = _flash_forward(query, key, value, *masks)
-    # The gradient of repeated key/value heads sums over each head's query group.
-    return out, (residuals, key.shape)
+    return _flash_forward(query, key, value, *masks)
 
 
-def _flash_vjp_backward(saved, d_out):
-    residuals, key_shape = saved
+def _flash_vjp_backward(residuals, d_out):
     d_query, d_key, d_value = _flash_backward(residuals, d_out)
-    b, s, k, h = key_shape
-    d_key, d_value = (x.reshape(b, s, k, -1, h).sum(axis=3) for x in (d_key, d_value))
-    dtype = residuals[0].dtype
-    return (d_query.astype(dtype), d_key.astype(dtype), d_value.astype(dtype),
+    query, key = residuals[:2]
+    return (d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(key.dtype),
             None, None, None, None)
 
 

@@ -24,6 +24,8 @@ the chunked maths does not cover (class probabilities instead of ids, a sequence
 longer than one chunk) take praxis's path unchanged.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from praxis import base_layer, py_utils
@@ -73,7 +75,9 @@ def _chunk_xent(layer, inputs, labels):
 
 
 def _chunked_xent(layer, inputs, labels):
-    """Per-token cross-entropy and argmax [B, T] over chunks of the sequence axis."""
+    """Per-token cross-entropy and argmax [B, T] over chunks of the sequence axis (of each
+    shard's part of it, when a context axis splits the sequence: a chunk is then a slice
+    of every shard's tokens, and no token leaves its device)."""
     chunk = layer.loss_chunk_len
     batch, length, dims = inputs.shape
     # Every chunk's matmul needs its rows' whole model dimension (the tensor axis splits the
@@ -81,32 +85,45 @@ def _chunked_xent(layer, inputs, labels):
     # with the model dimension still split over the tensor axis, XLA's SPMD partitioner
     # (jax 0.10.2) miscomputes the gradient of sequence slices' inputs on meshes with
     # replica, data and tensor axes all > 1 (tests/test_softmax.py, the sharded test).
-    logits_sharding = layer.activation_split_dims_mapping.out  # [batch, None, tensor] axes
+    logits_sharding = layer.activation_split_dims_mapping.out  # [batch, seq, tensor] axes
+    seq_axes = None if logits_sharding is None else logits_sharding[1]
     if logits_sharding is not None:
-        inputs = base_layer.maybe_shard(inputs, [logits_sharding[0], None, None],
+        inputs = base_layer.maybe_shard(inputs, [logits_sharding[0], seq_axes, None],
                                         layer.mesh_axis_names)
-    extra = -length % chunk  # pad the last chunk; its padding positions are dropped below
-    if extra:
-        inputs = jnp.pad(inputs, ((0, 0), (0, extra), (0, 0)))
-        labels = jnp.pad(labels, ((0, 0), (0, extra)))
-    num_chunks = (length + extra) // chunk
-    # [B, T, D] -> [chunks, B, chunk, D]: scan runs over the leading axis.
-    xs = jnp.moveaxis(inputs.reshape(batch, num_chunks, chunk, dims), 1, 0)
-    ys = jnp.moveaxis(labels.reshape(batch, num_chunks, chunk), 1, 0)
+    shards = _mesh_size(layer, seq_axes)
+    local = length // shards
+    extra = -local % chunk  # pad the last chunk; its padding positions are dropped below
+    num_chunks = (local + extra) // chunk
+    # [B, T, D] -> [chunks, B, shards, chunk, D]: scan runs over the leading axis.
+    xs = jnp.pad(inputs.reshape(batch, shards, local, dims), ((0, 0), (0, 0), (0, extra), (0, 0)))
+    ys = jnp.pad(labels.reshape(batch, shards, local), ((0, 0), (0, 0), (0, extra)))
+    xs = jnp.moveaxis(xs.reshape(batch, shards, num_chunks, chunk, dims), 2, 0)
+    ys = jnp.moveaxis(ys.reshape(batch, shards, num_chunks, chunk), 2, 0)
     # Flax sets a layer's children up (and, at init, creates their variables) lazily, on
     # first use, which must not happen inside a jax transform (it leaks tracers): one small
     # call outside the scan does it first. Its result is unused; XLA drops it.
-    layer.get_logits(xs[0, :, :1])
+    layer.get_logits(xs[0, :, 0, :1])
 
     def body(carry, chunk_inputs):
-        return carry, _chunk_xent(layer, *chunk_inputs)
+        x, y = chunk_inputs  # [B, shards, chunk, D], [B, shards, chunk]
+        xent, argmax = _chunk_xent(layer, x.reshape(batch, shards * chunk, dims),
+                                   y.reshape(batch, shards * chunk))
+        return carry, (xent.reshape(y.shape), argmax.reshape(y.shape))
 
     # jax.checkpoint: the backward pass recomputes each chunk's logits instead of the
     # scan saving [chunks, B, chunk, V] of them for it.
-    _, (xent, argmax) = jax.lax.scan(jax.checkpoint(body), None, (xs, ys))
-    xent = jnp.moveaxis(xent, 0, 1).reshape(batch, num_chunks * chunk)[:, :length]
-    argmax = jnp.moveaxis(argmax, 0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+    _, per_chunk = jax.lax.scan(jax.checkpoint(body), None, (xs, ys))
+    xent, argmax = (jnp.moveaxis(x, 0, 2).reshape(batch, shards, num_chunks * chunk)
+                    [:, :, :local].reshape(batch, length) for x in per_chunk)
     return xent, argmax
+
+
+def _mesh_size(layer, axes) -> int:
+    """The number of shards the mesh axes `axes` (a name, names or None) make."""
+    if axes is None or not layer.mesh_axis_names:
+        return 1
+    names = (axes,) if isinstance(axes, str) else axes
+    return math.prod(layer.mesh_shape[layer.mesh_axis_names.index(n)] for n in names)
 
 
 def _outputs(per_example_xent, per_example_argmax, class_ids, class_weights) -> NestedMap:

@@ -326,9 +326,10 @@ def test_flash_stand_in_equals_masked_attention(kind, kv_heads):
 
 @contextlib.contextmanager
 def mock_block(rows: int):
-    """Several query blocks in a 64-token test row."""
-    saved, attention.FLASH_BLOCK = attention.FLASH_BLOCK, rows
+    """Several query blocks and key blocks in a 64-token test row."""
+    saved = attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK
+    attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK = rows, rows // 2
     try:
         yield
     finally:
-        attention.FLASH_BLOCK = saved
+        attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK = saved
