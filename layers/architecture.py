@@ -177,10 +177,7 @@ def architecture_of(model) -> Architecture:
     _require(model.model_type == transformer_models.LanguageModelType.CAUSAL,
              f"the model is {model.model_type}, not a causal language model")
     lm = model.lm_tpl
-    # The context-parallel LM differs from praxis's in the mask its stack is given only.
-    _require(_cls(lm) in (transformer_models.TransformerLm,
-                           fused_attention.ContextParallelTransformerLm),
-             f"lm_tpl is {_cls(lm).__name__}")
+    _require(_cls(lm) is transformer_models.TransformerLm, f"lm_tpl is {_cls(lm).__name__}")
     _require(lm.ngrammer_tpl is None, "the model has an n-grammer layer")
     layout, repeated, block, layer = _decoder_layers(lm.stacked_transformer_tpl)
     # The feed-forwards first: praxis's GShard mixture (Pax's GLaM) is refused by name.

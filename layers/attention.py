@@ -49,7 +49,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 from praxis import py_utils
-from praxis.layers import attentions, multi_query_attention, transformer_models
+from praxis.layers import attentions, multi_query_attention
 
 from core import sequence_order, target
 from core.mesh_axes import CONTEXT_AXIS
@@ -237,28 +237,12 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
         return checkpoint_name(encoded, "out_proj"), None
 
 
-class ContextParallelTransformerLm(transformer_models.TransformerLm):
-    """praxis's TransformerLm for a model whose attention reads documents and order from
-    the positions (the context-parallel path above), not from praxis's mask: its stack is
-    given a mask of zeros. praxis would build its [B, 1, T, T] document mask from the
-    segment ids, and a scanned stack (USE_REPEATED_LAYER) takes it as an input of the scan,
-    which XLA keeps whole however little of it is read: 32 GiB of bfloat16 at 131072
-    tokens. A constant XLA sinks into the loop instead, where nothing reads it."""
-
-    def __call__(self, inputs, paddings, *args, segment_mask=None, **kwargs):
-        if segment_mask is None:
-            batch, length = inputs.shape[:2]
-            segment_mask = jnp.zeros((batch, 1, length, length), self.fprop_dtype)
-        return super().__call__(inputs, paddings, *args, segment_mask=segment_mask, **kwargs)
-
-
 def use_context_parallelism(lm: fdl.Config) -> None:
     """Make the TransformerLm template `lm` one for a mesh with a context axis: the train
     step lays the tokens out of order (core/sequence_order.py), so the model reads each
     token's position and document from the batch, as packed input does, and its attention
     (already a fused class, use_attention_impl) masks by them."""
     lm.packed_input = True
-    fdl.update_callable(lm, ContextParallelTransformerLm)
 
 
 def _repeat_heads(x, num_heads: int):
