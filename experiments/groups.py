@@ -257,6 +257,15 @@ class MixtureOfExperts(Group):
                             f"divide NUM_LAYERS={self.NUM_LAYERS}")
         if self.LOAD_BALANCING_WEIGHT < 0 or self.ROUTER_Z_LOSS_WEIGHT < 0:
             raise UserError("LOAD_BALANCING_WEIGHT and ROUTER_Z_LOSS_WEIGHT must be >= 0")
+        context = mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE,
+                                      mesh_axes.CONTEXT_AXIS)
+        if self.CAPACITY_FACTOR > 0 and context > 1:
+            # Capacity keeps a sequence's earlier tokens first; with a context axis the layers
+            # see the tokens in core/sequence_order.py's order instead.
+            raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} with {context}-way "
+                            f"context parallelism would drop other tokens than without it; "
+                            f"route dropless (CAPACITY_FACTOR=0), or use a mesh without a "
+                            f"context axis")
         if self.USE_FP8:
             raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} with USE_FP8: FP8 for the "
                             f"experts' grouped matmuls is not built; set USE_FP8=False")

@@ -8,8 +8,9 @@ against the same run without the context axis on the 8 fake CPU devices.
   with context parallelism 2, 4 and 8, alone and with FSDP and tensor parallelism, equal
   the run without it (float32, highest matmul precision), and stop equalling it when the
   model sees another order than the attention assumes;
-- training steps and evaluation equal; a run killed with SIGKILL resumes bitwise; its
-  checkpoint restores onto a mesh without the context axis;
+- training steps and evaluation equal, with gradient accumulation, dropless experts and
+  pipeline stages too; a run killed with SIGKILL resumes bitwise; its checkpoint restores
+  onto a mesh without the context axis;
 - what cannot run gets one line.
 """
 
@@ -20,7 +21,7 @@ import pytest
 import experiments
 from core import sequence_order
 from core.errors import UserError
-from experiments.llama import LlamaBase
+from experiments.llama import LlamaBase, MixtralTiny
 from layers import attention
 from runner.state import checkpoints
 from tests.support.processes import assert_one_line, isolated_env, run_main
@@ -201,6 +202,24 @@ def test_per_token_predictions_come_back_in_row_order(tmp_path):
     np.testing.assert_allclose(found["xent"], expected["xent"], rtol=RTOL, atol=1e-6)
 
 
+@pytest.mark.slow  # two trainers of three steps each, per case: 10-20 s
+@pytest.mark.parametrize("experiment, overrides, without, with_context", [
+    (experiments.BaseExperiment, dict(GRADIENT_ACCUMULATION_STEPS=2, PERCORE_BATCH_SIZE=2),
+     [1, 8, 1], [1, 1, 2, 4, 1]),
+    (MixtralTiny, dict(NUM_EXPERTS=8, MOE_HIDDEN_DIMS=32, LAMBADA_EVAL=False),
+     [1, 8, 1], [1, 1, 4, 2, 1]),  # experts over the 4-way data axis
+    (experiments.BaseExperiment, dict(NUM_MICROBATCHES=2), [2, 1, 4, 1], [2, 1, 2, 2, 1]),
+], ids=["accumulation", "dropless-experts", "pipeline-stages"])
+def test_a_context_axis_composes_with(tmp_path, experiment, overrides, without, with_context):
+    def losses(ici):
+        trainer = make_trainer(tmp_path / str(ici), experiment=experiment, ICI_MESH_SHAPE=ici,
+                               **{**RUN, **overrides})
+        with jax.default_matmul_precision("highest"):
+            return run_steps(trainer, 3)[0]
+
+    np.testing.assert_allclose(losses(with_context), losses(without), rtol=RTOL)
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     return isolated_env(8, compilation_cache=str(tmp_path_factory.mktemp("jax_cache")))
@@ -241,10 +260,13 @@ def test_a_checkpoint_with_a_context_axis_restores_onto_a_mesh_without_one(tmp_p
     (dict(ATTENTION_IMPL="cudnn"), r"^ATTENTION_IMPL='cudnn' cannot attend with 4-way"),
     (dict(ATTEN_DROPOUT_PROB=0.1), r"^attention dropout with 4-way context parallelism "
                                    r"\(the mesh's context axis\) is not built"),
+    (dict(NUM_EXPERTS=8, MOE_HIDDEN_DIMS=32, CAPACITY_FACTOR=1.25),
+     r"^CAPACITY_FACTOR=1.25 with 4-way context parallelism would drop other tokens"),
 ])
 def test_what_cannot_run_with_a_context_axis_gets_one_line(overrides, message):
+    experiment = MixtralTiny if "NUM_EXPERTS" in overrides else experiments.BaseExperiment
     with pytest.raises(UserError, match=message) as info:
-        experiments.BaseExperiment(**tiny(**CONTEXT_MESH, **overrides)).run_config()
+        experiment(**tiny(**CONTEXT_MESH, **overrides)).run_config()
     assert "\n" not in str(info.value)
 
 
