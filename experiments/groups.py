@@ -354,7 +354,8 @@ class Optimizer(Group):
         if not (math.isfinite(self.LEARNING_RATE) and self.LEARNING_RATE > 0):
             raise UserError(f"LEARNING_RATE={self.LEARNING_RATE} must be a positive number, "
                             f"e.g. 6e-4")
-        if not self.LR_COS_WARMUP <= self.LR_COS_DECAY_START <= self.LR_COS_DECAY_END:
+        if (self.LR_SCHEDULE != "constant"  # which reads no LR_COS_* (Pax ignores them too)
+                and not self.LR_COS_WARMUP <= self.LR_COS_DECAY_START <= self.LR_COS_DECAY_END):
             raise UserError(
                 f"learning-rate schedule needs LR_COS_WARMUP ({self.LR_COS_WARMUP}) <= "
                 f"LR_COS_DECAY_START ({self.LR_COS_DECAY_START}) <= LR_COS_DECAY_END "
@@ -447,9 +448,10 @@ class Loop(Group):
 
 
 class PaxDefaults(Group):
-    """Pax's names accepted only at the values of its GPU configs (experiments/pax_compat.py
-    says why for each); --print_config lists them apart."""
+    """Pax's names accepted only at the values of its GPU configs and scripts
+    (experiments/pax_compat.py says why for each); --print_config lists them apart."""
 
+    # or "constant" (run_llama_boolq.sh with LoRA): LEARNING_RATE throughout
     LR_SCHEDULE: str = "linear_rampup_cosine_decay"
     LR_LRED_WARMUP: int = 4000
     LR_LRED_DECAY_START: int = 4001
