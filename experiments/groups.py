@@ -37,6 +37,7 @@ CHOICES = {
     "EMBEDDING_LOOKUP_STYLE": ("matmul", "index"),
     # layers/attention.py
     "ATTENTION_IMPL": ("praxis", "xla", "cudnn", "pallas", "flash", "auto"),
+    "CONTEXT_PARALLEL_STRATEGY": ("all_gather", "ring"),
     "LORA_TARGET_LAYERS": ("all", "attention", "mlp"),
     # The mesh axis the experts are split over (layers/moe.py).
     "EXPERT_AXIS": ("data", "replica", "none"),
@@ -174,6 +175,9 @@ class Parallelism(Group):
     # over context (context parallelism); shorter shapes have 1 for what they leave out.
     ICI_MESH_SHAPE: list[int] = [1, 8, 1]  # within a node / process
     DCN_MESH_SHAPE: list[int] = [1, 1, 1]  # across nodes / processes
+    # With a context axis: keys and values gathered whole ("all_gather"), or passed around
+    # the axis one device's at a time ("ring": less memory, as many steps as devices).
+    CONTEXT_PARALLEL_STRATEGY: str = "all_gather"
     # GLOBAL_BATCH_SIZE = this x number of devices: the sequences of one optimizer update.
     PERCORE_BATCH_SIZE: float = 1
     # Split each update's global batch into this many sub-batches run one after another
@@ -195,9 +199,14 @@ class Parallelism(Group):
                     f"pipeline stages first, e.g. [2,1,4,1], or five with a context axis "
                     f"before mdl, [stage, replica, data, context, mdl], e.g. [1,1,2,4,1]"
                 )
-        sequence_order.check_divisible(
-            self.MAX_SEQ_LEN, mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE,
-                                                  mesh_axes.CONTEXT_AXIS))
+        context = mesh_axes.axis_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE,
+                                      mesh_axes.CONTEXT_AXIS)
+        sequence_order.check_divisible(self.MAX_SEQ_LEN, context)
+        if (context > 1 and self.CONTEXT_PARALLEL_STRATEGY == "ring"
+                and self.ATTENTION_IMPL not in ("auto", "flash")):
+            raise UserError(f"CONTEXT_PARALLEL_STRATEGY='ring' computes each step with "
+                            f"flash_attention; set ATTENTION_IMPL='auto' or 'flash' (is "
+                            f"{self.ATTENTION_IMPL!r})")
 
 
 class MixtureOfExperts(Group):

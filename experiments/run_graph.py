@@ -38,7 +38,7 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
             microbatch_size=exp.MICROBATCH_SIZE, stream_io=exp.STREAM_IO)
     model = partitioning.shard_model(model, spec.mesh_size(mesh))
     if mesh_axes.axis_size(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS) > 1:
-        attention.use_context_parallelism(model.lm_tpl)
+        attention.use_context_parallelism(model.lm_tpl, exp.CONTEXT_PARALLEL_STRATEGY)
     schedule = _schedule(exp)
     opt = fdl.Config(
         optimizer.adamw,

@@ -54,6 +54,7 @@ from praxis.layers import attentions, multi_query_attention
 from core import sequence_order, target
 from core.mesh_axes import CONTEXT_AXIS
 from layers import qk_norm
+from layers.stack import transformer_layer_template
 
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "flash", "auto")
 # The implementations that attend across a context axis.
@@ -69,6 +70,8 @@ class _FusedKernels:
     its settings as their fields (a layer's fields must be declared on the layer class):
 
       attention_impl: "xla", "cudnn", "pallas" or "flash" (already resolved).
+      context_strategy: with a context axis, "all_gather" (keys and values gathered) or
+        "ring" (passed around the axis, ring_attention).
       cudnn_packed: give cuDNN each row's segments (Hopper or newer); else plain causal.
       pallas_interpret: run the Pallas kernel in interpret mode (tests off a GPU).
     """
@@ -158,12 +161,16 @@ class _FusedKernels:
         blnh = self.activation_split_dims_mapping.blnh
         seq_len, shards = query.shape[1], self._context_shards()
         order = sequence_order.load_balanced_order(seq_len, shards)
-        impl = self.attention_impl
+        impl, strategy = self.attention_impl, self.context_strategy
 
         def attend_local(q, k, v, q_positions):
-            k, v, k_positions = (jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)
-                                 for x in (k, v, q_positions))
-            k_segments = segment_ids_from_positions(k_positions, order)
+            # Every token's position, then its document: [B, T] integers, a small gather.
+            all_positions = jax.lax.all_gather(q_positions, CONTEXT_AXIS, axis=1, tiled=True)
+            all_segments = segment_ids_from_positions(all_positions, order)
+            if strategy == "ring":
+                return ring_attention(q, k, v, all_segments, all_positions, shards)
+            k, v = (jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True) for x in (k, v))
+            k_segments, k_positions = all_segments, all_positions
             start = jax.lax.axis_index(CONTEXT_AXIS) * q.shape[1]
             q_segments = jax.lax.dynamic_slice_in_dim(k_segments, start, q.shape[1], axis=1)
             if impl == "flash":
@@ -188,6 +195,7 @@ class FusedDotProductAttention(_FusedKernels, qk_norm.QkNormDotProductAttention)
     attention_impl: str = "xla"
     cudnn_packed: bool = True
     pallas_interpret: bool = False
+    context_strategy: str = "all_gather"
 
     def _dot_atten(self, query, key, value, atten_mask, relative_bias=None):
         """query [B, T, N, H], key/value [B, S, N, H] -> (encoded [B, T, N, H], None: no
@@ -222,6 +230,7 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
     attention_impl: str = "xla"
     cudnn_packed: bool = True
     pallas_interpret: bool = False
+    context_strategy: str = "all_gather"
 
     def __call__(self, query_vec, key_vec, value_vec, atten_mask, query_segment_pos=None,
                  key_segment_pos=None):
@@ -237,12 +246,18 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
         return checkpoint_name(encoded, "out_proj"), None
 
 
-def use_context_parallelism(lm: fdl.Config) -> None:
+CONTEXT_STRATEGIES = ("all_gather", "ring")
+
+
+def use_context_parallelism(lm: fdl.Config, strategy: str) -> None:
     """Make the TransformerLm template `lm` one for a mesh with a context axis: the train
     step lays the tokens out of order (core/sequence_order.py), so the model reads each
     token's position and document from the batch, as packed input does, and its attention
-    (already a fused class, use_attention_impl) masks by them."""
+    (already a fused class, use_attention_impl) masks by them, with keys and values
+    exchanged by `strategy` (CONTEXT_STRATEGIES)."""
     lm.packed_input = True
+    transformer_layer_template(lm.stacked_transformer_tpl).tr_atten_tpl.context_strategy = (
+        strategy)
 
 
 def _repeat_heads(x, num_heads: int):
@@ -475,6 +490,95 @@ def _flash_vjp_backward(residuals, d_out):
 
 
 flash_attention.defvjp(_flash_vjp_forward, _flash_vjp_backward)
+
+
+def ring_attention(query, key, value, all_segments, all_positions, shards: int):
+    """Context parallelism's ring strategy, run per device under shard_map: the device's
+    queries [B, T/N, N_heads, H] (scaled) attend to its own keys and values [B, T/N, K, H]
+    and to each other device's, passed around the context axis one step at a time
+    (`ppermute`), the partial results merged by their log-sum-exp (flash_attention's
+    blocks per step). Only one device's keys and values are held at a time, in the
+    backward pass too, which passes their gradients around with them. all_segments and
+    all_positions [B, T]: every token's document and position, in the laid-out order."""
+    return _ring(query, key, value, all_segments, all_positions, shards)
+
+
+def _ring_masks(all_segments, all_positions, device, length: int):
+    """The segments and positions [B, length] of the tokens device `device` holds."""
+    return tuple(jax.lax.dynamic_slice_in_dim(x, device * length, length, axis=1)
+                 for x in (all_segments, all_positions))
+
+
+def _ring_next(x, shards: int):
+    """x from the previous device along the context axis (each passes its own on)."""
+    return jax.lax.ppermute(x, CONTEXT_AXIS, [(i, (i + 1) % shards) for i in range(shards)])
+
+
+def _per_token(weights):
+    """A log-sum-exp-shaped [T/block, B, K, G, block] array -> [B, T, K * G, 1]."""
+    blocks, b, k, g, block = weights.shape
+    return jnp.transpose(weights, (1, 0, 4, 2, 3)).reshape(b, blocks * block, k * g, 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _ring(query, key, value, all_segments, all_positions, shards):
+    return _ring_forward(query, key, value, all_segments, all_positions, shards)[0]
+
+
+def _ring_forward(query, key, value, all_segments, all_positions, shards):
+    me = jax.lax.axis_index(CONTEXT_AXIS)
+    q_segments, q_positions = _ring_masks(all_segments, all_positions, me, query.shape[1])
+
+    def one_step(carry, step):
+        k, v, out, lse = carry
+        k_segments, k_positions = _ring_masks(all_segments, all_positions,
+                                              (me - step) % shards, key.shape[1])
+        step_out, residuals = _flash_forward(query, k, v, q_segments, k_segments,
+                                             q_positions, k_positions)
+        step_lse = residuals[-1]
+        # Rows that see none of these keys come out with a log-sum-exp near the fill value:
+        # the merge gives them no weight once a visible key has come (their own always does).
+        merged = jnp.logaddexp(lse, step_lse)
+        out = (out * _per_token(jnp.exp(lse - merged))
+               + step_out.astype(jnp.float32) * _per_token(jnp.exp(step_lse - merged)))
+        return (_ring_next(k, shards), _ring_next(v, shards), out, merged), None
+
+    q_block = _flash_block_sizes(query, key)[0]
+    b, t, n, h = query.shape
+    lse_shape = (t // q_block, b, key.shape[2], n // key.shape[2], q_block)
+    init = (key, value, jnp.zeros(query.shape, jnp.float32),
+            jnp.full(lse_shape, py_utils.get_large_negative_number(jnp.float32)))
+    (_, _, out, lse), _ = jax.lax.scan(one_step, init, jnp.arange(shards))
+    out = out.astype(value.dtype)
+    return out, (query, key, value, all_segments, all_positions, out, lse)
+
+
+def _ring_backward(shards, residuals, d_out):
+    """Each step: the gradients of this device's queries against the keys it holds, and of
+    those keys and values, which travel on with them; after a full turn every key's and
+    value's gradient is back with its device. The probabilities come from the merged
+    log-sum-exp and output, so each step's share is exactly its part of the whole."""
+    query, key, value, all_segments, all_positions, out, lse = residuals
+    me = jax.lax.axis_index(CONTEXT_AXIS)
+    q_segments, q_positions = _ring_masks(all_segments, all_positions, me, query.shape[1])
+
+    def one_step(carry, step):
+        k, v, d_k, d_v, d_q = carry
+        k_segments, k_positions = _ring_masks(all_segments, all_positions,
+                                              (me - step) % shards, key.shape[1])
+        step_d_q, step_d_k, step_d_v = _flash_backward(
+            (query, k, v, q_segments, k_segments, q_positions, k_positions, out, lse), d_out)
+        passed = (_ring_next(x, shards) for x in (k, v, d_k + step_d_k, d_v + step_d_v))
+        return (*passed, d_q + step_d_q), None
+
+    zeros = jnp.zeros(key.shape, jnp.float32)
+    init = (key, value, zeros, zeros, jnp.zeros(query.shape, jnp.float32))
+    (_, _, d_key, d_value, d_query), _ = jax.lax.scan(one_step, init, jnp.arange(shards))
+    return (d_query.astype(query.dtype), d_key.astype(key.dtype), d_value.astype(value.dtype),
+            None, None)
+
+
+_ring.defvjp(_ring_forward, _ring_backward)
 
 
 def segment_ids_from_positions(positions, order):

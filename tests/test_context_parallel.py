@@ -5,8 +5,8 @@ against the same run without the context axis on the 8 fake CPU devices.
 - the order (core/sequence_order.py) gives every shard the same causal work, and the plain
   order does not;
 - losses and gradients of the GPT and of a grouped-query Llama, on packed and unpacked rows,
-  with context parallelism 2, 4 and 8, alone and with FSDP and tensor parallelism, equal
-  the run without it (float32, highest matmul precision), and stop equalling it when the
+  with context parallelism 2, 4 and 8, alone and with FSDP and tensor parallelism, keys and
+  values gathered or passed around a ring, equal the run without it (float32, highest matmul precision), and stop equalling it when the
   model sees another order than the attention assumes;
 - training steps and evaluation equal, with gradient accumulation, dropless experts and
   pipeline stages too; a run killed with SIGKILL resumes bitwise; its checkpoint restores
@@ -90,11 +90,12 @@ def batch(packed: bool, rows=8, seq_len=64, seed=0) -> dict:
 
 
 def loss_and_grads(tmp_path, family: str, packed: bool, ici, impl: str = "auto",
-                   reordered: bool = True):
+                   reordered: bool = True, strategy: str = "all_gather"):
     """The loss and gradients of one step's batch at the initial parameters."""
     experiment, overrides = FAMILIES[family]
     trainer = make_trainer(tmp_path, experiment=experiment, ICI_MESH_SHAPE=ici,
-                           ATTENTION_IMPL=impl, PACKED_INPUT=packed, **overrides)
+                           ATTENTION_IMPL=impl, PACKED_INPUT=packed,
+                           CONTEXT_PARALLEL_STRATEGY=strategy, **overrides)
     if not reordered:  # the model sees the rows in order, the attention assumes the layout
         trainer.token_order = None
     params = trainer.init_state()["params"]
@@ -133,19 +134,24 @@ MESHES = {  # [stage, replica, data, context, mdl]
     "cp2-fsdp2-tp2": [1, 1, 2, 2, 2],
     "cp4-tp2": [1, 1, 1, 4, 2],
 }
-CASES = [pytest.param(family, packed, mesh, impl,
-                      marks=[] if (family, packed, mesh) in (("gpt", True, "cp2-fsdp4"),
-                                                             ("llama-gqa", True, "cp4-tp2"))
-                      else [pytest.mark.slow],
-                      id=f"{family}-{'packed' if packed else 'unpacked'}-{mesh}-{impl}")
+# The kernel per device: flash_attention or XLA's masked attention on the gathered keys and
+# values (CONTEXT_PARALLEL_STRATEGY "all_gather"), or flash_attention's blocks around a ring.
+KERNELS = {"flash": ("flash", "all_gather"), "xla": ("xla", "all_gather"),
+           "ring": ("flash", "ring")}
+QUICK = {("gpt", True, "cp2-fsdp4", "flash"), ("llama-gqa", True, "cp4-tp2", "flash"),
+         ("llama-gqa", True, "cp8", "ring")}
+CASES = [pytest.param(family, packed, mesh, kernel,
+                      marks=[] if (family, packed, mesh, kernel) in QUICK else [pytest.mark.slow],
+                      id=f"{family}-{'packed' if packed else 'unpacked'}-{mesh}-{kernel}")
          for family in FAMILIES for packed in (True, False) for mesh in MESHES
-         for impl in (("flash", "xla") if mesh == "cp2-fsdp4" else ("flash",))]
+         for kernel in (("flash", "xla", "ring") if mesh == "cp2-fsdp4" else ("flash", "ring"))]
 
 
-@pytest.mark.parametrize("family, packed, mesh, impl", CASES)
+@pytest.mark.parametrize("family, packed, mesh, kernel", CASES)
 def test_losses_and_gradients_equal_the_run_without_a_context_axis(
-        tmp_path, tmp_path_factory, family, packed, mesh, impl):
-    found = loss_and_grads(tmp_path, family, packed, MESHES[mesh], impl=impl)
+        tmp_path, tmp_path_factory, family, packed, mesh, kernel):
+    impl, strategy = KERNELS[kernel]
+    found = loss_and_grads(tmp_path, family, packed, MESHES[mesh], impl=impl, strategy=strategy)
     assert_equal_to_reference(found, reference(tmp_path_factory, family, packed))
 
 
@@ -262,6 +268,8 @@ def test_a_checkpoint_with_a_context_axis_restores_onto_a_mesh_without_one(tmp_p
                                    r"\(the mesh's context axis\) is not built"),
     (dict(NUM_EXPERTS=8, MOE_HIDDEN_DIMS=32, CAPACITY_FACTOR=1.25),
      r"^CAPACITY_FACTOR=1.25 with 4-way context parallelism would drop other tokens"),
+    (dict(CONTEXT_PARALLEL_STRATEGY="ring", ATTENTION_IMPL="xla"),
+     r"^CONTEXT_PARALLEL_STRATEGY='ring' computes each step with flash_attention"),
 ])
 def test_what_cannot_run_with_a_context_axis_gets_one_line(overrides, message):
     experiment = MixtralTiny if "NUM_EXPERTS" in overrides else experiments.BaseExperiment

@@ -77,9 +77,9 @@ def test_bubble_fraction_of_gpipe_and_the_circular_schedule():
      "NUM_STAGES=4, but the mesh has 2 stage(s)"),
     (dict(ICI_MESH_SHAPE=[2, 1, 1, 4], NUM_MICROBATCHES=1, CIRCULAR_REPEAT=2, NUM_LAYERS=4),
      "needs at least as many microbatches as stages: 1 < 2"),
-    (dict(ICI_MESH_SHAPE=[2, 1, 2, 2, 1]), "must be three positive sizes"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 2, 2, 1, 1]), "must be three positive sizes"),
 ], ids=["layers", "circular-layers", "no-microbatches", "microbatches", "microbatch-size",
-        "microbatch-shards", "num-stages", "circular-microbatches", "five-axes"])
+        "microbatch-shards", "num-stages", "circular-microbatches", "six-axes"])
 def test_bad_pipeline_settings_are_one_line(overrides, message):
     with pytest.raises(UserError) as info:
         experiments.BaseExperiment(**{**TINY, **overrides})

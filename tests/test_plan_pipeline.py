@@ -53,7 +53,7 @@ def report_with_stage_sends(p, links: str) -> str:
 
 def test_gpipe_plan_reports_its_bubble_and_stage_sends_over_nvlink(gpipe_ici):
     p = gpipe_ici
-    assert p.mesh_shape == {"stage": 2, "replica": 1, "data": 2, "mdl": 2}
+    assert p.mesh_shape == {"stage": 2, "replica": 1, "data": 2, "context": 1, "mdl": 2}
     assert p.pipeline == spec.PipelineSpec(num_stages=2, num_microbatches=4)
     assert (p.global_batch, p.accumulation_steps, p.sub_batch) == (16, 2, 8)
     s, m = 2, 4
@@ -134,7 +134,7 @@ def test_gpt175b_pipelined_plans_to_fit_h100_80gb():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert ("Plan: experiments.gpt.GPT175BPipelined on 96 devices, mesh stage=12 x replica=1 "
-            "x data=1 x mdl=8") in text
+            "x data=1 x context=1 x mdl=8") in text
     assert "8 sub-batches of 192 sequences" in text
     assert "Pipeline: 12 stages, schedule GPipe (8 layers per stage)" in text
     assert "bubble (S-1)/(M+S-1) = 11/(192+11) = 5.4%" in text

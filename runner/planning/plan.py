@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh
 from praxis import pax_fiddle
 
-from core import spec
+from core import mesh_axes, spec
 from core.batch import BatchLayout
 from core.errors import UserError
 from core.target import TargetDevice
@@ -143,7 +143,7 @@ class Plan:
     experiment: str  # the launcher's label
     hyperparameters: dict  # the launcher's, for its report and re-plans; never read here
     mesh_shape: dict[str, int]
-    ici: list[int]  # ICI_MESH_SHAPE over the mesh's four axes
+    ici: list[int]  # ICI_MESH_SHAPE over the mesh's five axes
     dcn: list[int]
     num_devices: int
     batch: BatchLayout
@@ -341,7 +341,7 @@ def report_lines(p: Plan) -> list[str]:
     lines = [
         f"Plan: {p.experiment} on {p.num_devices} devices, mesh "
         + " x ".join(f"{k}={v}" for k, v in shape.items())
-        + f" (ICI {p.ici} x DCN {p.dcn})",
+        + " (ICI {} x DCN {})".format(*mesh_axes.written_shapes(p.ici, p.dcn)),
         f"  global batch {p.global_batch} x {p.seq_len} = {p.tokens_per_step:,} tokens per "
         f"step; PERCORE_BATCH_SIZE={p.batch.percore_batch_size:g}",
     ]
