@@ -66,6 +66,9 @@ class DataSettings:
     data_dir: str | None = None  # --data_dir, --tfds_data_dir or $TFDS_DATA_DIR
     vocab_path: str | None = None  # --vocab_path or $VOCAB_PATH
     cache_dir: str | None = None  # --cache_dir: tokenized data
+    # (size, where it is read) of the vocabulary that the starting weights
+    # (CHECKPOINT_RESTORE_PATH) fix, when they fix one: a tokenizer with more ids is refused
+    weights_vocab: tuple[int, str] | None = None
 
 
 class TrainInput(Protocol):

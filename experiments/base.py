@@ -133,9 +133,21 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
                       cache_dir: str | None = None) -> "data.DataSettings":
         """The hyperparameters a dataset reads, and where the flags say data live. Without
         a --vocab_path, a run that starts from a Hugging Face model directory encodes with
-        that model's own tokenizer.json."""
+        that model's own tokenizer.json. UserError when the starting weights fix another
+        VOCAB_SIZE (before any tokenizer check, which would name another size)."""
         from core import data
 
+        weights_vocab = None
+        if self.CHECKPOINT_RESTORE_PATH:
+            from runner.state import initial_weights
+
+            weights_vocab = initial_weights.vocab_size(self.CHECKPOINT_RESTORE_PATH,
+                                                       self.CHECKPOINT_IGNORE_RULES or [])
+        if weights_vocab is not None and weights_vocab[0] != self.VOCAB_SIZE:
+            size, where = weights_vocab
+            raise UserError(f"VOCAB_SIZE={self.VOCAB_SIZE}, but the starting weights' "
+                            f"vocabulary has {size} ids ({where}); set "
+                            f"--fdl.VOCAB_SIZE={size}")
         if vocab_path is None and self.CHECKPOINT_RESTORE_PATH:
             model_tokenizer = os.path.join(self.CHECKPOINT_RESTORE_PATH, "tokenizer.json")
             vocab_path = model_tokenizer if os.path.isfile(model_tokenizer) else None
@@ -147,7 +159,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
             lambada_max_examples=self.LAMBADA_MAX_EXAMPLES,
             validation_files=self.VALIDATION_FILES,
             validation_fraction=self.VALIDATION_FRACTION, data_dir=data_dir,
-            vocab_path=vocab_path, cache_dir=cache_dir)
+            vocab_path=vocab_path, cache_dir=cache_dir, weights_vocab=weights_vocab)
 
     def train_dataset(self, settings: "data.DataSettings"):
         """The train input's graph node (None: evaluation only). Default: the dataset's."""

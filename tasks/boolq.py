@@ -415,12 +415,13 @@ class BoolQEval(Evaluation):
 # ----- the dataset -----------------------------------------------------------------------
 
 
-def boolq_tokenizer(*, vocab_path, vocab_size: int) -> Tokenizer:
+def boolq_tokenizer(*, vocab_path, vocab_size: int,
+                    weights_vocab: tuple[int, str] | None = None) -> Tokenizer:
     if not vocab_path:
         raise UserError("DATASET='boolq' needs --vocab_path naming its tokenizer (a "
                         "SentencePiece .model or a tokenizer.json) with 'yes' and 'no' as "
                         "single tokens, e.g. LLaMA's tokenizer.model")
-    return vocabulary(vocab_path=vocab_path, vocab_size=vocab_size)
+    return vocabulary(vocab_path=vocab_path, vocab_size=vocab_size, weights_vocab=weights_vocab)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +446,8 @@ class BoolQ:
         data_dir = self.data_dir or settings.data_dir
         tokenizer = fdl.Config(boolq_tokenizer,
                                vocab_path=self.tokenizer_path or settings.vocab_path,
-                               vocab_size=settings.vocab_size)
+                               vocab_size=settings.vocab_size,
+                               weights_vocab=settings.weights_vocab)
         return data_dir, tokenizer, fdl.Config(answer_token_ids, tokenizer, self.answer_words)
 
     def _input_args(self, settings: DataSettings, split: str) -> dict:

@@ -88,7 +88,7 @@ class Synthetic:
         if not settings.vocab_path:
             return None
         return fdl.Config(vocabulary, vocab_path=settings.vocab_path,
-                          vocab_size=settings.vocab_size)
+                          vocab_size=settings.vocab_size, weights_vocab=settings.weights_vocab)
 
 
 # ----- The Pile layout: pile/ and lambada/ under a directory ------------------------------
@@ -139,7 +139,8 @@ class _PileLayout:
     def _nodes(self, settings: DataSettings):
         """(data_dir, vocabulary) nodes, shared by every input so each is built once."""
         return self._data_dir(settings), fdl.Config(
-            vocabulary, vocab_path=self._vocab_path(settings), vocab_size=settings.vocab_size)
+            vocabulary, vocab_path=self._vocab_path(settings), vocab_size=settings.vocab_size,
+            weights_vocab=settings.weights_vocab)
 
 
 @register("pile")

@@ -12,11 +12,13 @@ from tasks.tokenizer import load_tokenizer
 from tasks.vocab import check_vocab_size
 
 
-def vocabulary(*, vocab_path, vocab_size: int) -> Tokenizer:
+def vocabulary(*, vocab_path, vocab_size: int,
+               weights_vocab: tuple[int, str] | None = None) -> Tokenizer:
     """The tokenizer at `vocab_path` (a SentencePiece .model or a tokenizer.json, chosen by
-    the file), checked against the model's VOCAB_SIZE."""
+    the file), checked against the model's VOCAB_SIZE and the starting weights' vocabulary
+    (DataSettings.weights_vocab)."""
     tokenizer = load_tokenizer(vocab_path)
-    check_vocab_size(tokenizer, vocab_size)
+    check_vocab_size(tokenizer, vocab_size, weights_vocab)
     return tokenizer
 
 

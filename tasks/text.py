@@ -103,7 +103,8 @@ class TextFiles:
         train = self.train or fdl.Config(required_data_dir, settings.data_dir)
         return (fdl.Config(expand_files, train),
                 fdl.Config(vocabulary, vocab_path=self.tokenizer_path or settings.vocab_path,
-                           vocab_size=settings.vocab_size))
+                           vocab_size=settings.vocab_size,
+                           weights_vocab=settings.weights_vocab))
 
     def train_input(self, settings: DataSettings):
         files, tokenizer = self._nodes(settings)

@@ -93,13 +93,23 @@ def round_vocab_size(n: int) -> int:
     return -(-n // VOCAB_SIZE_MULTIPLE) * VOCAB_SIZE_MULTIPLE
 
 
-def check_vocab_size(vocab, vocab_size: int) -> None:
+def check_vocab_size(vocab, vocab_size: int, weights_vocab: tuple[int, str] | None = None
+                     ) -> None:
     """Raise UserError if the model's VOCAB_SIZE cannot hold every id of `vocab` (a Vocabulary
     or a tasks.tokenizer.HFTokenizer: anything with `path` and `vocab_size`).
 
     A larger VOCAB_SIZE is fine: the extra embedding rows are never looked up,
-    and padding to a multiple of 128 is recommended for GPU speed.
+    and padding to a multiple of 128 is recommended for GPU speed. `weights_vocab`: (size,
+    where it is read) when the starting weights fix the vocabulary (DataSettings): no
+    VOCAB_SIZE then fits a tokenizer with more ids (experiments/base.py checks VOCAB_SIZE).
     """
+    if weights_vocab is not None and vocab.vocab_size > weights_vocab[0]:
+        size, where = weights_vocab
+        raise UserError(
+            f"{vocab.path} has {vocab.vocab_size} pieces, more than the starting weights' "
+            f"vocabulary of {size} ids ({where}); use the tokenizer they were trained with "
+            f"(--vocab_path)"
+        )
     if vocab_size < vocab.vocab_size:
         raise UserError(
             f"VOCAB_SIZE={vocab_size} but {vocab.path} has {vocab.vocab_size} pieces; "

@@ -30,6 +30,9 @@ from core.spec import InitialWeights
 from runner.state import checkpoints
 
 FLAG = "CHECKPOINT_RESTORE_PATH"
+# The parameters with a row per token id, by that axis: the input embedding of an untied
+# model [V, D], the output layer [D, V]. A run that reads one has the source's VOCAB_SIZE.
+_VOCAB_AXES = {"lm/embedding_lookup/emb_var": 0, "lm/softmax/logits_ffn/linear/w": 1}
 
 
 def _compile(rules: list[str]) -> list[re.Pattern]:
@@ -78,6 +81,22 @@ class _Source:
             raise UserError(f"{FLAG}={path} is neither a Paxloom run or checkpoint, a Hugging "
                             f"Face model directory (config.json + *.safetensors) nor a Pax "
                             f"checkpoint (checkpoint_XXXXXXXX/)")
+
+    def vocab_size(self, rules: list[re.Pattern]) -> tuple[int, str] | None:
+        """(size, where it is read) of the vocabulary these weights fix, or None: only
+        their embedding rows that no rule in `rules` leaves out fix it."""
+        from runner.state import hf_format, pax_format
+
+        if self._read is hf_format.read_params:  # check_config: every size is the config's
+            return (hf_format.hyperparameters(self.path)[1]["VOCAB_SIZE"],
+                    f"{hf_format.CONFIG} vocab_size of the {self.kind}")
+        read = [name for name in _VOCAB_AXES if not any(_matches(rule, name) for rule in rules)]
+        shapes = (checkpoints.saved_param_shapes(self.directory, self.step)
+                  if self._read is None else pax_format.param_shapes(self.path, read))
+        for name in read:
+            if name in shapes:
+                return shapes[name][_VOCAB_AXES[name]], f"the rows of {name} in the {self.kind}"
+        return None
 
     def read(self, abstract_params: dict, wanted: list[str]) -> dict:
         """{path: array laid out as abstract_params' leaf} for every name in `wanted`;
@@ -163,6 +182,17 @@ def check_source(initial: InitialWeights) -> None:
     before anything is compiled."""
     _compile(initial.ignore_rules)
     _Source(initial.path, model_config=None)
+
+
+def vocab_size(path: str, ignore_rules: list[str]) -> tuple[int, str] | None:
+    """(size, where it is read) of the vocabulary that the starting weights at `path` fix,
+    which the run's VOCAB_SIZE must then be: a Hugging Face model's config.json vocab_size,
+    or the rows of a checkpoint's embedding that no ignore rule leaves out. None when they
+    fix none, or `path` is no checkpoint (check_source says why)."""
+    try:
+        return _Source(path, model_config=None).vocab_size(_compile(ignore_rules))
+    except UserError:
+        return None
 
 
 def load(initial: InitialWeights, params: dict, abstract_params: dict, model_config) -> dict:

@@ -114,9 +114,9 @@ def _complete(step_dir: str, commit_files: bool) -> bool:
     return _has_params(step_dir)
 
 
-def step_directory(path) -> str:
+def step_directory(path, quiet: bool = False) -> str:
     """The step directory `path` names, or the latest complete one in it (or in its
-    checkpoints/); UserError when there is none."""
+    checkpoints/), logged unless `quiet`; UserError when there is none."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise UserError(f"{path}: no such file or directory; give a Pax checkpoint step "
@@ -141,8 +141,9 @@ def step_directory(path) -> str:
                         f"as pjit runs save)")
     step, step_dir = complete[-1]
     skipped = [s for s, _ in steps if s > step]
-    log(f"Pax checkpoint: step {step} ({step_dir})"
-        + (f"; skipped incomplete step(s) {skipped}" if skipped else ""))
+    if not quiet:
+        log(f"Pax checkpoint: step {step} ({step_dir})"
+            + (f"; skipped incomplete step(s) {skipped}" if skipped else ""))
     return step_dir
 
 
@@ -209,6 +210,15 @@ class _Arrays:
                             f"or incomplete") from None
         del self._open[name]  # nothing of it is needed again
         return array
+
+
+def param_shapes(path, names) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of those of the parameters `names` outside the decoder layers
+    ("lm/softmax/logits_ffn/linear/w") that the Pax checkpoint `path` holds (its metadata
+    only, step_directory's step)."""
+    arrays = _Arrays(step_directory(path, quiet=True))
+    return {name: arrays.shape(_pax_name(name)) for name in names
+            if _pax_name(name) in arrays.drivers}
 
 
 def _unpadded_shapes(step_dir: str) -> dict[str, tuple[int, ...]]:
