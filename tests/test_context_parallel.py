@@ -138,8 +138,7 @@ MESHES = {  # [stage, replica, data, context, mdl]
 # values (CONTEXT_PARALLEL_STRATEGY "all_gather"), or flash_attention's blocks around a ring.
 KERNELS = {"flash": ("flash", "all_gather"), "xla": ("xla", "all_gather"),
            "ring": ("flash", "ring")}
-QUICK = {("gpt", True, "cp2-fsdp4", "flash"), ("llama-gqa", True, "cp4-tp2", "flash"),
-         ("llama-gqa", True, "cp8", "ring")}
+QUICK = {("gpt", True, "cp2-fsdp4", "flash"), ("gpt", True, "cp4-tp2", "ring")}
 CASES = [pytest.param(family, packed, mesh, kernel,
                       marks=[] if (family, packed, mesh, kernel) in QUICK else [pytest.mark.slow],
                       id=f"{family}-{'packed' if packed else 'unpacked'}-{mesh}-{kernel}")
@@ -278,6 +277,7 @@ def test_what_cannot_run_with_a_context_axis_gets_one_line(overrides, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow  # a main.py start; the same refusal is checked in process above
 def test_main_refuses_an_uneven_sequence_split_in_one_line(tmp_path, env):
     out = run_main("--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={tmp_path}",
                    *fdl_flags(**tiny(ICI_MESH_SHAPE=[1, 1, 1, 8, 1], MAX_SEQ_LEN=24)), env=env)
