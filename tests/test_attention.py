@@ -15,7 +15,7 @@ from praxis.layers import attentions, embedding_softmax, multi_query_attention, 
 
 from core.errors import UserError
 from experiments.llama import LlamaBase
-from layers import attention
+from layers import attention, flash
 from runner.state import checkpoints
 from runner.state.train_state import praxis_context
 from tests.support.tiny import TINY
@@ -312,13 +312,13 @@ def test_flash_stand_in_equals_masked_attention(kind, kv_heads):
         return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=1.0,
                                             implementation="xla")
 
-    def flash(q, k, v):
-        return attention.causal_flash_attention(q, k, v, segment_ids)
+    def blockwise(q, k, v):
+        return flash.causal_flash_attention(q, k, v, segment_ids)
 
     with jax.default_matmul_precision("highest"), mock_block(16):
         want = jax.grad(functools.partial(loss, masked), argnums=(0, 1, 2))(query, key, value)
-        got = jax.grad(functools.partial(loss, flash), argnums=(0, 1, 2))(query, key, value)
-        np.testing.assert_allclose(flash(query, key, value), masked(query, key, value),
+        got = jax.grad(functools.partial(loss, blockwise), argnums=(0, 1, 2))(query, key, value)
+        np.testing.assert_allclose(blockwise(query, key, value), masked(query, key, value),
                                    atol=1e-5)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5 * max(1.0, float(np.abs(w).max())))
@@ -327,9 +327,9 @@ def test_flash_stand_in_equals_masked_attention(kind, kv_heads):
 @contextlib.contextmanager
 def mock_block(rows: int):
     """Several query blocks and key blocks in a 64-token test row."""
-    saved = attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK
-    attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK = rows, rows // 2
+    saved = flash.FLASH_BLOCK, flash.FLASH_KEY_BLOCK
+    flash.FLASH_BLOCK, flash.FLASH_KEY_BLOCK = rows, rows // 2
     try:
         yield
     finally:
-        attention.FLASH_BLOCK, attention.FLASH_KEY_BLOCK = saved
+        flash.FLASH_BLOCK, flash.FLASH_KEY_BLOCK = saved

@@ -22,7 +22,7 @@ import experiments
 from core import sequence_order
 from core.errors import UserError
 from experiments.llama import LlamaBase, MixtralTiny
-from layers import attention
+from layers import flash
 from runner.state import checkpoints
 from tests.support.processes import assert_one_line, isolated_env, run_main
 from tests.support.tiny import fdl_flags, model_flags, tiny
@@ -61,7 +61,7 @@ def test_documents_come_back_from_positions_in_any_order():
     # Two rows: documents of 3, 4 and 6 tokens then 3 of padding; one 16-token document.
     positions = np.array([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 0, 0], list(range(16))])
     order = sequence_order.load_balanced_order(16, 4)
-    found = np.asarray(attention.segment_ids_from_positions(positions[:, order], order))
+    found = np.asarray(flash.segment_ids_from_positions(positions[:, order], order))
     expected = np.array([[1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 5, 6], [1] * 16])
     np.testing.assert_array_equal(found, expected[:, order])
 
