@@ -144,6 +144,7 @@ def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     assert (again / "checkpoints").is_dir()  # the flags of the first run are not in the graph
 
 
+@pytest.mark.slow  # 15 s: two main.py runs
 def test_hparams_tab_and_weights_and_biases_offline(tmp_path):
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2

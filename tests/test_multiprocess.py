@@ -202,6 +202,7 @@ def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path)
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # 15 s; the other two-process tests stay in the quick loop
 def test_two_processes_with_the_same_host_idx(tmp_path):
     """The second process to claim an index stops with one line; the job trains."""
     port = free_port()
