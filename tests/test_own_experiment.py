@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import jax
+import pytest
 
 from runner.state import checkpoints
 from tests.support.paths import REPO_ROOT
