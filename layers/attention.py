@@ -152,7 +152,8 @@ class _FusedKernels:
 
     def _context_parallel(self, query, key, value, positions):
         """Attention with the sequence split over the context axis (module docstring):
-        each device's queries against the keys and values gathered from the whole axis."""
+        each device's queries against the keys and values gathered from the whole axis, or
+        passed around it (`context_strategy` "ring")."""
         if positions is None:
             raise ValueError("context parallelism needs each token's position: the model "
                              "must take packed input (segment_pos)")
@@ -168,14 +169,13 @@ class _FusedKernels:
             if strategy == "ring":
                 return flash.ring_attention(q, k, v, all_segments, all_positions, shards)
             k, v = (jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True) for x in (k, v))
-            k_segments, k_positions = all_segments, all_positions
             start = jax.lax.axis_index(CONTEXT_AXIS) * q.shape[1]
-            q_segments = jax.lax.dynamic_slice_in_dim(k_segments, start, q.shape[1], axis=1)
+            q_segments = jax.lax.dynamic_slice_in_dim(all_segments, start, q.shape[1], axis=1)
             if impl == "flash":
-                return flash.flash_attention(q, k, v, q_segments, k_segments, q_positions,
-                                             k_positions)
-            visible = ((q_segments[:, :, None] == k_segments[:, None, :])
-                       & (q_positions[:, :, None] >= k_positions[:, None, :]))
+                return flash.flash_attention(q, k, v, q_segments, all_segments, q_positions,
+                                             all_positions)
+            visible = ((q_segments[:, :, None] == all_segments[:, None, :])
+                       & (q_positions[:, :, None] >= all_positions[:, None, :]))
             return jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=1.0,
                                                 implementation="xla")
 
