@@ -15,6 +15,7 @@ checkpoint is kept); 130 for a Ctrl-C outside the training loop.
 
 import os
 import sys
+import threading
 
 from absl import flags
 
@@ -175,6 +176,11 @@ def cli() -> None:
         exit_now(130, "interrupted (Ctrl-C); run the same command again to resume from the "
                       "last checkpoint")
     except Exception as error:
+        watchdog = sys.modules.get("runner.training.watchdog")
+        if watchdog is not None and watchdog.ENDING.is_set():
+            # A peer's end failed this process's collective after its own watchdog fired:
+            # the watchdog ends the process, with its line and status.
+            threading.Event().wait()
         # Only a run that got as far as importing the training loop can have diverged.
         callbacks = sys.modules.get("runner.training.builtin_callbacks")
         if callbacks is None or not isinstance(error, callbacks.NonFiniteLossError):

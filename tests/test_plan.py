@@ -1,6 +1,7 @@
 """--mode=plan (launch/plan.py, runner/planning/plan.py, runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
 the fit verdict and its re-planned changes, and the plan against a real run."""
 
+import ctypes
 import dataclasses
 import re
 
@@ -226,6 +227,9 @@ def _program(compiled) -> list[str]:
 def _resident_after_reset() -> int | None:
     """Current resident bytes, after resetting the high-water mark (None where Linux's
     /proc/self/clear_refs is not writable)."""
+    # Memory the earlier tests of this worker freed but the C allocator kept would be reused
+    # without the process growing: hand it back first (seen under two busy test workers).
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

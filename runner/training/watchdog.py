@@ -11,6 +11,14 @@ when the peer's heartbeat times out (100 s), still with its own C++ stack trace:
 0.10's client takes no Python callback for that error (it fails to cast one). The first
 step's compilation has no hook inside it, so the default timeout is longer than a slow
 compile (an hour); 0 turns the watchdog off.
+
+The processes of a stalled job reach the timeout a little apart. The first to end closes
+its connections, which fails the collective the others wait in, and a process whose main
+thread then went on to jax.distributed's shutdown would abort there with a C++ trace. So a
+watchdog that fires waits a grace period before it ends its process (the others' fire
+meanwhile), and the launcher's error handler leaves a process whose watchdog has fired to
+it (ENDING). Process 0 waits twice as long: it holds jax.distributed's coordination
+service, whose end makes every other process's client abort with a C++ trace of its own.
 """
 
 import faulthandler
@@ -22,6 +30,8 @@ import time
 from core.callbacks import Callback, StepInfo
 
 HANG_EXIT_STATUS = 4
+GRACE_S = 5.0  # at most; a quarter of the timeout when that is shorter
+ENDING = threading.Event()  # this process's watchdog has fired
 
 
 class Watchdog(Callback):
@@ -76,13 +86,27 @@ class Watchdog(Callback):
                 self._end(idle)
 
     def _end(self, idle: float) -> None:
+        ENDING.set()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         print(f"error: no progress for {idle:.0f} s on {_this_process()} while waiting for "
               f"{self._waiting_for} (--hang_timeout_s={self.timeout_s:g}); every thread's "
               f"stack is above", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
+        grace = min(GRACE_S, self.timeout_s / 4)
+        time.sleep(2 * grace if _process_index() == 0 else grace)
         os._exit(HANG_EXIT_STATUS)
+
+
+def _process_index() -> int:
+    """This process's index (0 before jax's backends start, as for a single process)."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return 0
+    import jax
+
+    return jax.process_index()
 
 
 def _this_process() -> str:
