@@ -26,7 +26,6 @@ if typing.TYPE_CHECKING:
 
     from core import data
     from core.target import TargetDevice
-    from layers.stack import Dropout
 
 class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, groups.Pipeline,
                      groups.MixtureOfExperts,
@@ -66,25 +65,19 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
 
         return gpt.gpt_model(
             self.transformer_stack(),
-            model_dims=self.MODEL_DIMS,
-            vocab_size=self.VOCAB_SIZE,
-            max_seq_len=self.MAX_SEQ_LEN,
-            packed_input=self.PACKED_INPUT,
-            fprop_dtype=self.FPROP_DTYPE,
-            init_std=self.INIT_STD,
-            softmax_init_std=self.SOFTMAX_INIT_STD,
+            model_dims=self.MODEL_DIMS, vocab_size=self.VOCAB_SIZE, max_seq_len=self.MAX_SEQ_LEN,
+            packed_input=self.PACKED_INPUT, fprop_dtype=self.FPROP_DTYPE,
+            init_std=self.INIT_STD, softmax_init_std=self.SOFTMAX_INIT_STD,
             layernorm_epsilon=self.LAYERNORM_EPSILON,
             embedding_lookup_style=self.EMBEDDING_LOOKUP_STYLE,
             loss_chunk_len=self.loss_chunk_len(),
-            activation=self.ACTIVATION_CLS,
-            use_gated_activation=self.USE_GATED_ACTIVATION,
-            use_bias=self.USE_BIAS,
-            atten_logit_cap=self.ATTEN_LOGIT_CAP,
+            # Pax's GPT layer options
+            activation=self.ACTIVATION_CLS, use_gated_activation=self.USE_GATED_ACTIVATION,
+            use_bias=self.USE_BIAS, atten_logit_cap=self.ATTEN_LOGIT_CAP,
             separate_embedding=self.SEPARATE_EMBEDDING,
             trainable_position_emb=self.TRAINABLE_POSITION_EMB,
             trainable_pe_max_seq_len=self.TRAINABLE_PE_MAX_SEQ_LEN,
-            combine_qkv=self.COMBINE_QKV,
-            softmax_cap_logits=self.SOFTMAX_CAP_LOGITS,
+            combine_qkv=self.COMBINE_QKV, softmax_cap_logits=self.SOFTMAX_CAP_LOGITS,
         )
 
     def loss_chunk_len(self) -> int:
@@ -97,24 +90,18 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
         from layers import stack
 
         return stack.transformer_stack(
-            num_layers=self.NUM_LAYERS,
-            model_dims=self.MODEL_DIMS,
-            hidden_dims=self.HIDDEN_DIMS,
-            num_heads=self.NUM_HEADS,
-            dims_per_head=self.DIMS_PER_HEAD,
-            packed_input=self.PACKED_INPUT,
-            use_repeated_layer=self.USE_REPEATED_LAYER,
-            checkpoint_policy_name=self.CHECKPOINT_POLICY,
-            dropout=self.dropout(),
+            num_layers=self.NUM_LAYERS, model_dims=self.MODEL_DIMS, hidden_dims=self.HIDDEN_DIMS,
+            num_heads=self.NUM_HEADS, dims_per_head=self.DIMS_PER_HEAD,
+            packed_input=self.PACKED_INPUT, use_repeated_layer=self.USE_REPEATED_LAYER,
+            checkpoint_policy_name=self.CHECKPOINT_POLICY, dropout=self.dropout(),
         )
 
-    def dropout(self) -> "Dropout":
-        """The stack's dropout probabilities (layers/stack.py)."""
-        from layers import stack
-
-        return stack.Dropout(prob=self.DROPOUT_PROB, input=self.INPUT_DROPOUT_PROB,
-                             atten=self.ATTEN_DROPOUT_PROB,
-                             residual=self.RESIDUAL_DROPOUT_PROB, relu=self.RELU_DROPOUT_PROB)
+    def dropout(self) -> dict:
+        """The stack's dropout probabilities, as praxis StackedTransformer's fields."""
+        return dict(dropout_prob=self.DROPOUT_PROB, input_dropout_prob=self.INPUT_DROPOUT_PROB,
+                    atten_dropout_prob=self.ATTEN_DROPOUT_PROB,
+                    residual_dropout_prob=self.RESIDUAL_DROPOUT_PROB,
+                    relu_dropout_prob=self.RELU_DROPOUT_PROB)
 
     # --- The data seam -------------------------------------------------------------
 

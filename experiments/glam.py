@@ -111,24 +111,18 @@ class GLaMBase(BaseExperiment):
         from layers import glam
 
         return glam.glam_model(
-            num_layers=self.NUM_LAYERS,
-            model_dims=self.MODEL_DIMS,
-            hidden_dims=self.HIDDEN_DIMS,
+            num_layers=self.NUM_LAYERS, model_dims=self.MODEL_DIMS, hidden_dims=self.HIDDEN_DIMS,
             moe_hidden_dims=self.MOE_HIDDEN_DIMS or self.HIDDEN_DIMS,
-            num_heads=self.NUM_HEADS,
-            dims_per_head=self.DIMS_PER_HEAD,
+            num_heads=self.NUM_HEADS, dims_per_head=self.DIMS_PER_HEAD,
             vocab_size=self.VOCAB_SIZE,
-            num_experts=self.NUM_EXPERTS,
-            num_groups=self.num_groups(),
+            num_experts=self.NUM_EXPERTS, num_groups=self.num_groups(),
             capacity_factor=self.CAPACITY_FACTOR,
             moe_load_balance_loss_weight=self.LOAD_BALANCING_WEIGHT / (self.NUM_LAYERS / 2),
             z_loss_weight=self.Z_LOSS_WEIGHT,
             use_repeated_layer=self.USE_REPEATED_LAYER,
             checkpoint_policy_name=self.CHECKPOINT_POLICY,
-            packed_input=self.PACKED_INPUT,
-            fprop_dtype=self.FPROP_DTYPE,
-            init_std=self.INIT_STD,
-            dropout=self.dropout(),
+            packed_input=self.PACKED_INPUT, fprop_dtype=self.FPROP_DTYPE,
+            init_std=self.INIT_STD, dropout=self.dropout(),
         )
 
 

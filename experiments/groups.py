@@ -462,16 +462,10 @@ class PaxDefaults(Group):
 
     # or "constant" (run_llama_boolq.sh with LoRA): LEARNING_RATE throughout
     LR_SCHEDULE: str = "linear_rampup_cosine_decay"
-    LR_LRED_WARMUP: int = 4000
-    LR_LRED_DECAY_START: int = 4001
-    LR_LRED_DECAY_END: int = 300000
-    LR_LRED_MIN_RATIO: float = 0.1
-    LR_LRED_MAX: float = 1.0
-    DECAY_END: int = 100000
-    RELATIVE_BIAS: bool = False
-    NORM_POLICY: str = "pre"
-    ENABLE_DCONV: bool = False
-    TRAINING_OPTIMIZED_SHARDING: bool = True
+    # and each name of pax_compat.ACCEPTED_AT_DEFAULT, at its default (declared below)
 
     def _check(self) -> None:
         pax_compat.check(self)
+
+
+pax_compat.declare_accepted_at_default(PaxDefaults)

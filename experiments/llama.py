@@ -90,14 +90,10 @@ class LlamaBase(BaseExperiment):
 
         return llama.llama_model(
             self.transformer_stack(),
-            model_dims=self.MODEL_DIMS,
-            vocab_size=self.VOCAB_SIZE,
-            num_heads=self.NUM_HEADS,
-            num_kv_heads=self.NUM_KV_HEADS,
-            packed_input=self.PACKED_INPUT,
-            fprop_dtype=self.FPROP_DTYPE,
-            init_std=self.INIT_STD,
-            softmax_init_std=self.SOFTMAX_INIT_STD,
+            model_dims=self.MODEL_DIMS, vocab_size=self.VOCAB_SIZE,
+            num_heads=self.NUM_HEADS, num_kv_heads=self.NUM_KV_HEADS,
+            packed_input=self.PACKED_INPUT, fprop_dtype=self.FPROP_DTYPE,
+            init_std=self.INIT_STD, softmax_init_std=self.SOFTMAX_INIT_STD,
             norm_epsilon=self.LAYERNORM_EPSILON,
             rope_max_wavelength=self.ROPE_MAX_WAVELENGTH,
             rope_scaling=rope.RopeScaling(
@@ -123,16 +119,13 @@ class LlamaBase(BaseExperiment):
 
         return pax_fiddle.Config(
             moe.MoeFeedForward,
-            num_experts=self.NUM_EXPERTS,
-            num_experts_per_token=self.NUM_EXPERTS_PER_TOKEN,
+            num_experts=self.NUM_EXPERTS, num_experts_per_token=self.NUM_EXPERTS_PER_TOKEN,
             expert_hidden_dims=self.MOE_HIDDEN_DIMS or self.HIDDEN_DIMS,
-            renormalize_top_k=self.MOE_RENORMALIZE,
-            capacity_factor=self.CAPACITY_FACTOR,
+            renormalize_top_k=self.MOE_RENORMALIZE, capacity_factor=self.CAPACITY_FACTOR,
             load_balancing_weight=self.LOAD_BALANCING_WEIGHT,
             router_z_loss_weight=self.ROUTER_Z_LOSS_WEIGHT,
             shared_hidden_dims=self.MOE_SHARED_HIDDEN_DIMS,
-            gate_shared_expert=self.MOE_SHARED_EXPERT_GATE,
-            backend=self.MOE_BACKEND,
+            gate_shared_expert=self.MOE_SHARED_EXPERT_GATE, backend=self.MOE_BACKEND,
             expert_axis=None if self.EXPERT_AXIS == "none" else self.EXPERT_AXIS,
         )
 

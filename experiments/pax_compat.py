@@ -45,6 +45,14 @@ IGNORED = {
 }
 
 
+def declare_accepted_at_default(group: type) -> None:
+    """Declare every ACCEPTED_AT_DEFAULT name on the hyperparameter group `group`: an
+    annotated class attribute at its default, as if written in the class body."""
+    for name, (default, _) in ACCEPTED_AT_DEFAULT.items():
+        group.__annotations__[name] = type(default)
+        setattr(group, name, default)
+
+
 def note_ignored(cls, name: str) -> None:
     """One line on stderr when a class sets an IGNORED name. (Not core.log.log: a class is
     created at import, before jax may start.)"""

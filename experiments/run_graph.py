@@ -66,14 +66,12 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
         mesh=mesh,
         loop=fdl.Config(
             spec.LoopSpec,
-            max_steps=exp.MAX_STEPS,
-            summary_interval_steps=exp.SUMMARY_INTERVAL_STEPS,
+            max_steps=exp.MAX_STEPS, summary_interval_steps=exp.SUMMARY_INTERVAL_STEPS,
             eval_interval_steps=exp.EVAL_INTERVAL_STEPS,
             checkpoint_every_n_steps=exp.CHECKPOINT_EVERY_N_STEPS,
             checkpoint_max_to_keep=exp.CHECKPOINT_MAX_TO_KEEP,
             skip_nonfinite_steps=exp.SKIP_NONFINITE_STEPS,
-            percore_batch_size=exp.PERCORE_BATCH_SIZE,
-            random_seed=exp.RANDOM_SEED,
+            percore_batch_size=exp.PERCORE_BATCH_SIZE, random_seed=exp.RANDOM_SEED,
             gradient_accumulation_steps=exp.GRADIENT_ACCUMULATION_STEPS,
         ),
         model_shape=fdl.Config(spec.ModelShape, num_layers=exp.NUM_LAYERS,
@@ -106,12 +104,9 @@ def _schedule(exp) -> fdl.Config:
         return fdl.Config(optimizer.constant, learning_rate=exp.LEARNING_RATE)
     return fdl.Config(
         optimizer.linear_rampup_cosine_decay,
-        learning_rate=exp.LEARNING_RATE,
-        warmup_steps=exp.LR_COS_WARMUP,
-        decay_start=exp.LR_COS_DECAY_START,
-        decay_end=exp.LR_COS_DECAY_END,
-        min_ratio=exp.LR_COS_MIN_RATIO,
-        peak=exp.LR_COS_MAX,
+        learning_rate=exp.LEARNING_RATE, warmup_steps=exp.LR_COS_WARMUP,
+        decay_start=exp.LR_COS_DECAY_START, decay_end=exp.LR_COS_DECAY_END,
+        min_ratio=exp.LR_COS_MIN_RATIO, peak=exp.LR_COS_MAX,
     )
 
 

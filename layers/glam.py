@@ -25,7 +25,7 @@ from praxis import base_layer, pax_fiddle
 from praxis.layers import glam, transformers
 
 from core.step_metrics import report_step_metric
-from layers.stack import NO_DROPOUT, Dropout, language_model, rematerialise
+from layers.stack import language_model, rematerialise
 
 
 class GShardFeedForward(transformers.TransformerFeedForwardMoe):
@@ -73,7 +73,7 @@ def glam_model(
     packed_input: bool,
     fprop_dtype: str,
     init_std: float,
-    dropout: Dropout = NO_DROPOUT,
+    dropout: dict | None = None,
 ) -> pax_fiddle.Config:
     """The unsharded praxis LanguageModel config of a GLaM decoder (module docstring).
 
@@ -81,18 +81,12 @@ def glam_model(
     own expert capacity (Pax: the product of the mesh's data-parallel axes).
     `moe_load_balance_loss_weight`: the weight of each mixture layer's aux loss.
     `init_std`: the model's default Gaussian init, as Pax sets it (every GLaM weight has
-    GShard's own). Remat is layers/stack.py's `rematerialise`.
+    GShard's own). Remat is layers/stack.py's `rematerialise`; `dropout` as there.
     """
     lm = glam.GlamUniTransformerLmHParams(
-        name="glam_lm",
-        vocab_size=vocab_size,
-        num_transformer_layers=num_layers,
-        moe=True,
-        model_dim=model_dims,
-        ff_dim=hidden_dims,
-        moe_hidden_dim=moe_hidden_dims,
-        attention_num_heads=num_heads,
-        attention_key_value_dim=dims_per_head,
+        name="glam_lm", vocab_size=vocab_size, num_transformer_layers=num_layers, moe=True,
+        model_dim=model_dims, ff_dim=hidden_dims, moe_hidden_dim=moe_hidden_dims,
+        attention_num_heads=num_heads, attention_key_value_dim=dims_per_head,
         attention_extra_logit=0.0,
         use_tgt_labels_size_as_loss_denominator=True,
         moe_load_balance_loss_weight=moe_load_balance_loss_weight,
@@ -108,7 +102,7 @@ def glam_model(
     lm.packed_input = packed_input
     fdl.update_callable(lm.stacked_transformer_tpl.block.moe_layer_tpl, GShardFeedForward)
     block = lm.stacked_transformer_tpl.block  # [MoE, dense]
-    block.set(**dropout.fields())
+    block.set(**(dropout or {}))
     if not use_repeated_layer:  # praxis head's glam.py with repeat=False
         block.set(num_layers=num_layers, moe_layers=list(range(0, num_layers, 2)))
         lm.stacked_transformer_tpl = block

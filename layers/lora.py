@@ -78,11 +78,16 @@ def _check_layout(layer) -> None:
                                   f"layout (no attention_combine_dims, no use_nhd_shape)")
 
 
-class LoraLinear(linears.Linear):
-    """praxis Linear (w [in, out]) with lora_a [in, r] and lora_b [out, r]."""
+class Adapter(base_layer.BaseLayer):
+    """The fields every adapted layer adds: the adapters' rank and lora_a's initialisation
+    (None: the layer's own weight init)."""
 
     rank: int = 0
     lora_init: base_layer.WeightInit | None = None
+
+
+class LoraLinear(linears.Linear, Adapter):
+    """praxis Linear (w [in, out]) with lora_a [in, r] and lora_b [out, r]."""
 
     def setup(self) -> None:
         super().setup()
@@ -93,13 +98,10 @@ class LoraLinear(linears.Linear):
                                                     self.theta.lora_b)
 
 
-class LoraAttentionProjection(attentions.AttentionProjection):
+class LoraAttentionProjection(attentions.AttentionProjection, Adapter):
     """praxis AttentionProjection (w [D, N, H]) with lora_a [D, r] and lora_b [N*H, r], as a
     query/key/value projection ([..., D] -> [..., N, H]) or as the output projection
     ([..., N, H] -> [..., D])."""
-
-    rank: int = 0
-    lora_init: base_layer.WeightInit | None = None
 
     def setup(self) -> None:
         _check_layout(self)
@@ -119,12 +121,9 @@ class LoraAttentionProjection(attentions.AttentionProjection):
         return out + delta
 
 
-class LoraCombinedQKVProjection(attentions.CombinedQKVProjectionLayer):
+class LoraCombinedQKVProjection(attentions.CombinedQKVProjectionLayer, Adapter):
     """praxis CombinedQKVProjectionLayer (w [3, D, N, H]) with lora_a [3, D, r] and
     lora_b [3, N*H, r]: one adapter each for query, key and value."""
-
-    rank: int = 0
-    lora_init: base_layer.WeightInit | None = None
 
     def setup(self) -> None:
         _check_layout(self)
@@ -140,12 +139,10 @@ class LoraCombinedQKVProjection(attentions.CombinedQKVProjectionLayer):
         return tuple(p + d for p, d in zip(projections, delta, strict=True))
 
 
-class LoraOneHeadedAttentionProjection(multi_query_attention.OneHeadedAttentionProjection):
+class LoraOneHeadedAttentionProjection(multi_query_attention.OneHeadedAttentionProjection,
+                                       Adapter):
     """praxis's key/value projection of multi-query attention (one head, w [D, H]) with
     lora_a [D, r] and lora_b [H, r]. (Pax's LoRA has no adapter for it.)"""
-
-    rank: int = 0
-    lora_init: base_layer.WeightInit | None = None
 
     def setup(self) -> None:
         super().setup()

@@ -9,7 +9,6 @@ is unsharded: the runtime adds sharding last (runner/state/partitioning.py), wha
 layer classes the template holds.
 """
 
-import dataclasses
 
 import jax.numpy as jnp
 from praxis import base_layer, pax_fiddle
@@ -29,26 +28,6 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 def gaussian(std: float) -> pax_fiddle.Config:
     return pax_fiddle.Config(base_layer.WeightInit, method="gaussian", scale=std)
 
-
-@dataclasses.dataclass(frozen=True)
-class Dropout:
-    """A stack's dropout probabilities, praxis StackedTransformer's: `None` falls back to
-    `prob`."""
-
-    prob: float = 0.0
-    input: float = 0.0  # on the stack's input (embeddings)
-    atten: float | None = None  # on attention probabilities
-    residual: float | None = None  # on each residual branch
-    relu: float | None = None  # inside the feed-forward
-
-    def fields(self) -> dict:
-        """As StackedTransformer's fields."""
-        return dict(dropout_prob=self.prob, input_dropout_prob=self.input,
-                    atten_dropout_prob=self.atten, residual_dropout_prob=self.residual,
-                    relu_dropout_prob=self.relu)
-
-
-NO_DROPOUT = Dropout()
 
 
 def rematerialise(stack: pax_fiddle.Config, checkpoint_policy_name: str) -> None:
@@ -73,20 +52,19 @@ def transformer_stack(
     packed_input: bool,
     use_repeated_layer: bool,
     checkpoint_policy_name: str,
-    dropout: Dropout = NO_DROPOUT,
+    dropout: dict | None = None,
 ) -> pax_fiddle.Config:
     """A causal StackedTransformer (or one layer scanned NUM_LAYERS times), praxis defaults,
-    rematerialised as the Pax configs do (`rematerialise`)."""
+    rematerialised as the Pax configs do (`rematerialise`). `dropout`: StackedTransformer's
+    dropout fields (dropout_prob, input_dropout_prob, atten_/residual_/relu_dropout_prob,
+    which fall back to dropout_prob where None)."""
     stack = pax_fiddle.Config(
         transformers.StackedTransformer,
-        num_layers=num_layers,
-        model_dims=model_dims,
-        hidden_dims=hidden_dims,
-        num_heads=num_heads,
-        dim_per_head=dims_per_head,
+        num_layers=num_layers, model_dims=model_dims, hidden_dims=hidden_dims,
+        num_heads=num_heads, dim_per_head=dims_per_head,
         mask_self_attention=True,  # causal
         packed_input=packed_input,
-        **dropout.fields(),
+        **(dropout or {}),
     )
     if use_repeated_layer:
         # One layer's weights stacked NUM_LAYERS times and run under lax.scan: compile
@@ -126,11 +104,8 @@ def pipelined(stack: pax_fiddle.Config, *, num_stages: int, circular_repeat: int
         stage.num_layers = stack.num_layers // blocks
     return pax_fiddle.Config(
         transformers.PipelinedTransformer,
-        pipeline_stage=stage,
-        num_pipeline_stages=num_stages,
-        circular_repeat=circular_repeat,
-        num_pipeline_microbatches=num_microbatches,
-        pipeline_microbatch_size=microbatch_size,
+        pipeline_stage=stage, num_pipeline_stages=num_stages, circular_repeat=circular_repeat,
+        num_pipeline_microbatches=num_microbatches, pipeline_microbatch_size=microbatch_size,
         stream_io=stream_io,
         # Each pipeline iteration is rematerialised like one layer of the stack
         # (CHECKPOINT_POLICY; "none" saves everything).

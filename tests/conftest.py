@@ -29,6 +29,16 @@ if REPO_ROOT not in sys.path:
 import layers  # noqa: E402,F401
 
 
+@pytest.fixture
+def exact_matmuls():
+    """float32 matmuls at full precision, for checks against an independent float32
+    reference (XLA may otherwise lower them at a reduced precision, as TF32 on GPUs)."""
+    import jax
+
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 @pytest.fixture(scope="module")
 def compilation_cache(tmp_path_factory):
     """Every job.run builds a new Trainer, which compiles its step again: a persistent

@@ -16,15 +16,11 @@ from experiments.glam import GLaMTiny
 from layers import glam as glam_layers
 from tests.support.processes import assert_one_line, run_main
 
+pytestmark = pytest.mark.usefixtures("exact_matmuls")
+
 D, H, E = 16, 32, 4  # model width, expert width, experts
 B, L, G = 2, 16, 2  # batch, length, routing groups: 16 tokens per group
 EPSILON = 1e-6  # praxis's RmsNorm epsilon, which GLaM keeps
-
-
-@pytest.fixture(autouse=True)
-def exact_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 # ----- The mixture layer against the papers ---------------------------------------------------

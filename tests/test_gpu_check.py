@@ -88,6 +88,12 @@ def key(part, out):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
 
 
+def assert_key(part, out, status: int, figures: str) -> None:
+    """The summary table's key figure of `part` from the results in `out`, and its status."""
+    done = key(part, out)
+    assert (done.returncode, done.stdout.strip()) == (status, figures), done.stderr
+
+
 def test_the_default_part_fails_when_the_restart_compiled_its_train_step(tmp_path):
     log = ("training Tiny: 1 parameters\nstep     30 | loss 6.5329 | lr 3e-3\n"
            "wrote 1 continuation(s) to x\ntraining LlamaTiny: 1 parameters\n"
@@ -99,11 +105,8 @@ def test_the_default_part_fails_when_the_restart_compiled_its_train_step(tmp_pat
     assert done.returncode == 1 and "did NOT load" in done.stdout, done.stdout
     (tmp_path / "default_restart.log").write_text(
         "compiled jit(_train_step) in 0.2s (loaded from the persistent compilation cache /c)\n")
-    done = key("default", tmp_path)
-    assert done.returncode == 0, done.stdout
-    assert done.stdout.strip() == ("Tiny loss 6.533 at step 30, LlamaTiny loss 6.100 at step "
-                                   "30; 2 decode(s); restart loaded its train step from the "
-                                   "cache in 0.2s")
+    assert_key("default", tmp_path, 0, "Tiny loss 6.533 at step 30, LlamaTiny loss 6.100 at "
+               "step 30; 2 decode(s); restart loaded its train step from the cache in 0.2s")
 
 
 def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
@@ -113,19 +116,14 @@ def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
     (tmp_path / "speed_large.json").write_text(json.dumps([
         {"experiment": "Llama1B", "attention": "auto", "mfu": 0.3},
         {"experiment": "GPT1_3B", "attention": "auto", "error": "timed out after 120s"}]))
-    done = key("speed", tmp_path)
-    assert done.returncode == 1, done.stdout
-    assert done.stdout.strip() == ("Synthetic126M 42.0% MFU, x1.05 torch (target 1.0); "
-                                   "Llama1B 30.0% MFU (target 45%); GPT1_3B auto: timed out "
-                                   "after 120s")
+    assert_key("speed", tmp_path, 1, "Synthetic126M 42.0% MFU, x1.05 torch (target 1.0); "
+               "Llama1B 30.0% MFU (target 45%); GPT1_3B auto: timed out after 120s")
     base = {"experiment": "Synthetic5B", "fp8": False, "last_loss": 7.0}
     fp8 = {"experiment": "Synthetic5B", "fp8": True, "vs_bf16": 1.25, "last_loss": 7.07,
            "loss_delta": 0.07, "steps_run": 30, "fp8_gemms": 48, "cublas_gemms": 60}
     (tmp_path / "fp8.json").write_text(json.dumps([base, fp8]))
-    done = key("fp8", tmp_path)
-    assert done.returncode == 0, done.stdout
-    assert done.stdout.strip() == ("FP8 x1.25 bf16 (target 1.2); loss after 30 steps 7.0700 "
-                                   "vs 7.0000 (+1.00%, target within 2%); f8 GEMMs 48/60")
+    assert_key("fp8", tmp_path, 0, "FP8 x1.25 bf16 (target 1.2); loss after 30 steps 7.0700 "
+               "vs 7.0000 (+1.00%, target within 2%); f8 GEMMs 48/60")
 
 
 def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_dense(tmp_path):
@@ -152,8 +150,6 @@ def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_den
         {"experiment": "Qwen3A3B_dense", "attention": "auto", "mfu": 0.4,
          "tokens_per_s": 40000.0, "peak_memory_gib": 13.4},
         {"experiment": "GLaM126M64E", "attention": "auto", "error": "timed out after 100s"}]))
-    done = key("moe", tmp_path)
-    assert done.returncode == 1, done.stdout
-    assert done.stdout.strip() == ("Qwen3A3B_moe 5.0% MFU, peak 61.0 GiB, x0.07 dense tokens/s; "
-                                   "Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; GLaM126M64E: timed "
-                                   "out after 100s")
+    assert_key("moe", tmp_path, 1, "Qwen3A3B_moe 5.0% MFU, peak 61.0 GiB, x0.07 dense "
+               "tokens/s; Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; GLaM126M64E: timed out "
+               "after 100s")

@@ -13,7 +13,13 @@ import pytest
 import torch
 from praxis import pax_fiddle
 from safetensors.numpy import load_file
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 import experiments
 from core.data import BATCH_DTYPES
@@ -22,9 +28,9 @@ from experiments.llama import LlamaBase
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
 from runner.inference.model import abstract_params
-from runner.state import hf_format
+from runner.state import checkpoints, hf_format
 from runner.state.train_state import as_model_batch, praxis_context
-from tests.support.inference import save_job
+from tests.support.inference import praxis_logits, save_job
 from tests.support.processes import run_python, session_env
 from tests.support.tiny import TINY
 from tools import export_hf, import_hf
@@ -190,17 +196,6 @@ def test_tensors_that_contradict_the_config_are_one_line(tmp_path):
                                 f"config.json makes it (96, 64)")
 
 
-def unflatten(flat: dict) -> dict:
-    tree: dict = {}
-    for name, value in flat.items():
-        *parents, last = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return tree
-
-
 @pytest.mark.parametrize("experiment,overrides", [
     (experiments.BaseExperiment, {}),  # LayerNorm scales stored as offsets from 1, biases
     # RMSNorm offsets, 8 heads over 4 key/value heads, layers stacked for a scan
@@ -208,12 +203,34 @@ def unflatten(flat: dict) -> dict:
 ], ids=["gpt", "llama_gqa_repeated"])
 def test_export_then_import_gives_back_the_parameters(experiment, overrides, tmp_path):
     exp = experiment(**{**TINY, **ON_8_DEVICES, **overrides})
+    _, family, _ = assert_export_round_trips(exp, tmp_path)
+    assert FAMILIES[family] is experiment
+
+
+# Two rows of token ids, of two lengths, on which an export's logits are compared.
+PROBE_SEQUENCES = ([5, 6, 7, 8, 9, 10, 11, 12], [300, 2, 45, 7])
+
+
+def assert_export_round_trips(exp, tmp_path, transformers_class: str | None = None,
+                              sequences: tuple = ()):
+    """Export a checkpoint of `exp` with random parameters: config.json maps back to its
+    hyperparameters; transformers reads it (as `transformers_class`, where given) and
+    computes praxis's logits on `sequences`; the import gives back its parameters and
+    exporting those writes the same tensors, bit for bit. Returns (the export's directory,
+    its family, its hyperparameters)."""
     params, trainer = save_job(tmp_path / "run", exp)
     out = export_hf.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    if transformers_class or sequences:
+        hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        assert type(hf_model).__name__ == (transformers_class or type(hf_model).__name__)
+        for ids, want in zip(sequences, praxis_logits(trainer, params, sequences), strict=True):
+            with torch.no_grad():
+                got = hf_model(torch.tensor([ids])).logits[0].numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     family, hyperparameters = hf_format.hyperparameters(out)
-    assert FAMILIES[family] is experiment
     assert hyperparameters == {name: getattr(exp, name) for name in hyperparameters}
     assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
+    return out, family, hyperparameters
 
 
 def assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family: str):
@@ -234,7 +251,7 @@ def assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, fa
             np.testing.assert_array_equal(imported[name], value, err_msg=name)
 
     # Exporting the imported parameters writes the same tensors, bit for bit.
-    canonical = architecture.canonical_weights(unflatten(imported), arch)
+    canonical = architecture.canonical_weights(checkpoints.nested_params(imported), arch)
     tensors = (hf_format.gpt2_tensors if family == "gpt" else hf_format.llama_tensors)(
         arch, canonical)
     written = load_file(str(out / "model.safetensors"))

@@ -17,14 +17,10 @@ from runner.training import throughput
 from tests.support.processes import assert_one_line, run_main
 from tests.support.training import make_trainer, train_losses
 
+pytestmark = pytest.mark.usefixtures("exact_matmuls")
+
 D, H, E, K = 16, 24, 4, 2
 EPSILON = 1e-6
-
-
-@pytest.fixture(autouse=True)
-def exact_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def layer_config(**fields):

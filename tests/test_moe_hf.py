@@ -19,7 +19,6 @@ from praxis import pax_fiddle
 from praxis.layers import transformers as praxis_transformers
 from safetensors.numpy import load_file
 from transformers import (
-    AutoModelForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     Qwen2MoeConfig,
@@ -33,15 +32,14 @@ from layers import layer_layout as ll
 from runner.state import hf_format
 from tests.support.inference import (
     assert_greedy_continuations_equal_transformers,
-    praxis_logits,
-    save_job,
 )
 from tests.support.tiny import TINY
 from tests.test_import_hf import (
     KNOWN,
     ON_8_DEVICES,
+    PROBE_SEQUENCES,
     SEQ_LEN,
-    assert_import_gives_back_and_reexports_bitwise,
+    assert_export_round_trips,
     assert_imported_logits_equal,
     key,
     paxloom,
@@ -49,9 +47,9 @@ from tests.test_import_hf import (
     randomized,
     write_config,
 )
-from tools import export_hf, import_hf
+from tools import import_hf
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
+pytestmark = pytest.mark.usefixtures("compilation_cache", "exact_matmuls")
 
 # The shapes every model here shares: 2 layers, 64 wide, 4 query heads over 2 key/value
 # heads, with a RoPE base far from the default (an unmapped base shows).
@@ -89,12 +87,6 @@ MODELS = {
     # every layer a mixture with renormalised top-2 weights (norm_topk_prob), per layer
     "qwen2_moe_renormalized": (lambda: qwen2_moe(step=1, normalize=True), {}),
 }
-
-
-@pytest.fixture(autouse=True)
-def exact_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -158,31 +150,10 @@ PAXLOOM_MIXTURES = {
 @pytest.mark.parametrize("name,target", [("mixtral", "MixtralForCausalLM"),
                                          ("qwen2_moe_every_2nd_repeated", "Qwen2MoeForCausalLM")])
 def test_export_then_import_gives_back_the_parameters(name, target, tmp_path):
-    assert_export_then_import_gives_back_the_parameters(
-        LlamaBase(**{**TINY, **ON_8_DEVICES, **PAXLOOM_MIXTURES[name]}), target, tmp_path)
-
-
-def assert_export_then_import_gives_back_the_parameters(exp, target: str, tmp_path):
-    """Export a checkpoint of the Llama-family `exp` with random parameters: transformers
-    reads it as class `target` and computes praxis's logits, config.json maps back to its
-    hyperparameters, the import gives back its parameters, and exporting those writes the
-    same tensors, bit for bit."""
-    params, trainer = save_job(tmp_path / "run", exp)
-    out = export_hf.export(str(tmp_path / "run"), str(tmp_path / "hf"))
-
-    # transformers reads the export as the class it names and computes praxis's logits
-    hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert type(hf_model).__name__ == target
-    sequences = [[5, 6, 7, 8, 9, 10, 11, 12], [300, 2, 45, 7]]
-    for ids, want in zip(sequences, praxis_logits(trainer, params, sequences), strict=True):
-        with torch.no_grad():
-            got = hf_model(torch.tensor([ids])).logits[0].numpy()
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-    family, hyperparameters = hf_format.hyperparameters(out)
+    _, family, _ = assert_export_round_trips(
+        LlamaBase(**{**TINY, **ON_8_DEVICES, **PAXLOOM_MIXTURES[name]}), tmp_path, target,
+        sequences=PROBE_SEQUENCES)
     assert family == "llama"
-    assert hyperparameters == {name: getattr(exp, name) for name in hyperparameters}
-    assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_every_2nd_repeated"])

@@ -21,19 +21,20 @@ from tests.support.tiny import TINY
 from tests.support.training import make_trainer, run_steps
 from tests.test_import_hf import (
     ON_8_DEVICES,
+    PROBE_SEQUENCES,
     SEQ_LEN,
+    assert_export_round_trips,
     assert_imported_logits_equal,
     randomized,
     write_config,
 )
 from tests.test_moe_hf import (
     SHAPES,
-    assert_export_then_import_gives_back_the_parameters,
     assert_greedy_decoding_continues_as_transformers,
 )
 from tools import import_hf
 
-pytestmark = pytest.mark.usefixtures("compilation_cache")
+pytestmark = pytest.mark.usefixtures("compilation_cache", "exact_matmuls")
 
 
 def qwen3(num_kv_heads: int, head_dim: int):
@@ -77,12 +78,6 @@ MODELS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def exact_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_paxloom_computes_the_logits_of_a_transformers_qwen3(name, tmp_path):
     make, overrides = MODELS[name]
@@ -113,7 +108,7 @@ PAXLOOM_MODELS = {
 def test_export_then_import_gives_back_the_parameters(name, tmp_path):
     overrides, target = PAXLOOM_MODELS[name]
     exp = LlamaBase(**{**TINY, **ON_8_DEVICES, **overrides, "USE_QK_NORM": True})
-    assert_export_then_import_gives_back_the_parameters(exp, target, tmp_path)
+    assert_export_round_trips(exp, tmp_path, target, sequences=PROBE_SEQUENCES)
 
 
 def test_the_config_maps_to_use_qk_norm_and_a_run_without_it_is_refused(tmp_path):

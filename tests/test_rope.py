@@ -14,7 +14,7 @@ import pytest
 import torch
 from praxis import base_layer, pax_fiddle
 from praxis.layers import embedding_softmax
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -24,22 +24,20 @@ from layers import architecture, rope
 from runner.state import hf_format
 from tests.support.inference import (
     assert_greedy_continuations_equal_transformers,
-    praxis_logits,
-    save_job,
 )
 from tests.support.processes import assert_one_line, run_main
 from tests.support.tiny import TINY
 from tests.test_import_hf import (
     LLAMA,
     ON_8_DEVICES,
-    assert_import_gives_back_and_reexports_bitwise,
+    assert_export_round_trips,
     llama,
     paxloom,
     paxloom_logits,
     placed,
     write_config,
 )
-from tools import export_hf, import_hf
+from tools import import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -160,24 +158,13 @@ def test_export_then_import_of_a_scaled_llama_is_bitwise(name, tmp_path):
                        "ROPE_ORIGINAL_MAX_POSITION": ORIGINAL,
                        "ROPE_SCALING_FACTOR": SCALED[name]["factor"]}
     exp = LlamaBase(**{**TINY, **ON_8_DEVICES, "DIMS_PER_HEAD": 16, **hyperparameters})
-    params, trainer = save_job(tmp_path / "run", exp)
-    out = export_hf.export(str(tmp_path / "run"), str(tmp_path / "hf"))
+    # transformers computes praxis's logits over MAX_SEQ_LEN=64, twice the original context
+    out, family, back = assert_export_round_trips(
+        exp, tmp_path, sequences=(list(range(3, 3 + exp.MAX_SEQ_LEN)), [300, 2, 45, 7]))
     config = json.loads((out / "config.json").read_text())
     assert config["rope_parameters"] == {**SCALED[name], "rope_theta": THETA}
-
-    # transformers computes praxis's logits over MAX_SEQ_LEN=64, twice the original context
-    hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    sequences = [list(range(3, 3 + exp.MAX_SEQ_LEN)), [300, 2, 45, 7]]
-    for ids, want in zip(sequences, praxis_logits(trainer, params, sequences), strict=True):
-        with torch.no_grad():
-            got = hf_model(torch.tensor([ids])).logits[0].numpy()
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-    family, back = hf_format.hyperparameters(out)
     assert family == "llama"
-    assert back == {n: getattr(exp, n) for n in back}
     assert hyperparameters.items() <= back.items()
-    assert_import_gives_back_and_reexports_bitwise(exp, out, params, trainer, family)
 
 
 def test_configs_map_onto_the_hyperparameters_and_the_flags(tmp_path):

@@ -99,6 +99,18 @@ def flat_params(tree) -> dict:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+def nested_params(flat: dict) -> dict:
+    """The parameter tree of {parameter path: leaf}: flat_params' inverse."""
+    tree: dict = {}
+    for name, leaf in flat.items():
+        *parents, last = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = leaf
+    return tree
+
+
 def param_shapes(params) -> dict[str, dict]:
     """{'lm/softmax/embedding/w': {'shape': [V, D], 'dtype': 'float32'}, ...} of a (abstract) tree."""
     return {

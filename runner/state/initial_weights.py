@@ -111,7 +111,7 @@ class _Source:
                 return {name: _place(relaid[name], targets[name]) for name in wanted}
             shapes = checkpoints.saved_param_shapes(self.directory, self.step)
             self._check(shapes, targets, wanted)
-            subset = _unflatten({name: targets[name] for name in wanted})
+            subset = checkpoints.nested_params({name: targets[name] for name in wanted})
             return checkpoints.flat_params(
                 checkpoints.restore_params(self.directory, self.step, subset))
         from layers import architecture
@@ -157,17 +157,6 @@ def _paxloom_checkpoint(path: str) -> tuple[str | None, int | None]:
     if step is None:
         raise UserError(f"{FLAG}={path} holds no complete checkpoint")
     return path, step
-
-
-def _unflatten(flat: dict) -> dict:
-    tree: dict = {}
-    for name, leaf in flat.items():
-        *parents, last = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = leaf
-    return tree
 
 
 def _place(array: np.ndarray, like) -> jax.Array:

@@ -76,11 +76,7 @@ def adamw(
         return optax.chain(*parts)
     parts.append(
         optax.adamw(
-            learning_rate=schedule,
-            b1=beta1,
-            b2=beta2,
-            eps=epsilon,
-            eps_root=epsilon_root,
+            learning_rate=schedule, b1=beta1, b2=beta2, eps=epsilon, eps_root=epsilon_root,
             # Decoupled and scaled by the learning rate, on every parameter, as praxis's
             # Adam(weight_decay=) in the Pax configs (its LayerNorm scales are stored as
             # offsets from 1, so decay pulls them towards 1).

@@ -51,14 +51,8 @@ def shard_model(template: pax_fiddle.Config, mesh_shape) -> pax_fiddle.Config:
         fdl.update_callable(lm.softmax_tpl, embedding_softmax.FullSoftmax,
                             drop_invalid_args=True)
     lm = lm.cls.set_sharding_params_v1(
-        lm,
-        replica_axis=replica,
-        data_axis=data,
-        mdl_axis=mdl,
-        seq_axis=seq,
-        ici_mesh_shape=mesh_shape,
-        dcn_mesh_shape=None,
-        mesh_axis_names=list(MESH_AXIS_NAMES),
+        lm, replica_axis=replica, data_axis=data, mdl_axis=mdl, seq_axis=seq,
+        ici_mesh_shape=mesh_shape, dcn_mesh_shape=None, mesh_axis_names=list(MESH_AXIS_NAMES),
         training_optimized=True,
     )
     if as_full_softmax:
