@@ -9,7 +9,7 @@ CPU8 := XLA_FLAGS=--xla_force_host_platform_device_count=8
 # A new directory each time: a job_log_dir with checkpoints resumes instead of starting over.
 RUN_DIR ?= runs/tiny-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: install install-test run test test-all lint docs bench clean
+.PHONY: install install-test run test test-unit test-all lint docs bench clean
 
 install: $(STAMP)
 install-test: $(TEST_STAMP)
@@ -43,6 +43,10 @@ TEST_WORKERS ?= 2
 # The quick loop: every test but those marked slow. CI runs test-all, slow ones included.
 test: $(TEST_STAMP)
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --durations=25 tests
+
+# The tests that run in pytest's own process: no main.py or other program started.
+test-unit: $(TEST_STAMP)
+	$(PY) -m pytest -m "not slow and not process" -n $(TEST_WORKERS) tests
 
 test-all: $(TEST_STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 tests

@@ -135,7 +135,8 @@ def run_mode(exp, config, selection) -> None:
             prompts_file=FLAGS.prompts_file, max_decode_steps=FLAGS.max_decode_steps,
             sampling=SamplingOptions(temperature=FLAGS.temperature, top_k=FLAGS.top_k,
                                      top_p=FLAGS.top_p, seed=FLAGS.decode_seed),
-            batch_size=FLAGS.decode_batch_size, vocab_path=selection.vocab_path,
+            batch_size=FLAGS.decode_batch_size, prefill_chunk_len=FLAGS.prefill_chunk_len,
+            vocab_path=selection.vocab_path,
             restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
             restore_checkpoint_step=FLAGS.restore_checkpoint_step))
         return

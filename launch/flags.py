@@ -79,6 +79,9 @@ flags.DEFINE_float("top_p", 1.0, "--mode=decode: sample among the most likely to
                    "hold this much probability (1: all).")
 flags.DEFINE_integer("decode_seed", 0, "--mode=decode: seed of the sampling.")
 flags.DEFINE_integer("decode_batch_size", 16, "--mode=decode: prompts decoded together.")
+flags.DEFINE_integer("prefill_chunk_len", 1024, "--mode=decode: a longer prompt enters the "
+                     "KV cache this many tokens at a time (chunked prefill: attention scores "
+                     "and activations for one chunk at a time); 0: the whole prompt at once.")
 flags.DEFINE_string("preemption_signal", "SIGUSR1", "Besides SIGTERM, this signal also makes "
                     "training save a checkpoint after the current step and exit 0; 'none' for "
                     "SIGTERM only.")
@@ -126,6 +129,7 @@ _check("top_k", lambda v: v >= 0, ">= 0 (0 keeps every token)")
 _check("top_p", lambda v: 0 < v <= 1, "in (0, 1] (1 keeps every token)")
 _check("decode_seed", lambda v: 0 <= v < 2**32, "in 0 .. 2**32 - 1")
 _check("decode_batch_size", lambda v: v >= 1, "at least 1")
+_check("prefill_chunk_len", lambda v: v >= 0, ">= 0 (0: the whole prompt at once)")
 _check("jax_profiler_port", lambda v: 1 <= v <= 65535, "a TCP port, 1 .. 65535")
 _check("profile_start_step", lambda v: v >= 0, "a step >= 0")
 _check("profile_num_steps", lambda v: v >= 1, "at least 1 step")

@@ -9,6 +9,7 @@ several runs compile is compiled once. main.py's cache is on by default, in the 
 """
 
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -27,6 +28,33 @@ if REPO_ROOT not in sys.path:
 
 # Tests import praxis directly; the compat patches must be in place first.
 import layers  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def processes_only_where_marked(request, monkeypatch):
+    """A test that starts a program of this repository or its environment (python, bash,
+    a .venv/bin tool) must be marked `process` (setup.cfg), so that the unit tests, which
+    run in the test's own process, can be run apart (`make test-unit`)."""
+    if request.node.get_closest_marker("process"):
+        yield
+        return
+    start = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **options):
+        program = (args.split() if isinstance(args, str) else list(args))[0]
+        if _is_repository_program(os.fspath(program)):
+            pytest.fail(f"{request.node.nodeid} starts {program}: mark it "
+                        f"@pytest.mark.process", pytrace=False)
+        start(self, args, *rest, **options)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    yield
+
+
+def _is_repository_program(program: str) -> bool:
+    name = os.path.basename(program)
+    return (name.startswith("python") or name in ("bash", "sh")
+            or program.startswith((sys.prefix, REPO_ROOT)) or program.endswith(".sh"))
 
 
 @pytest.fixture

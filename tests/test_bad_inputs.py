@@ -59,6 +59,7 @@ def test_job_log_dir_that_is_a_file_or_under_one(tmp_path):
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.process
 def test_unwritable_and_full_job_log_dir(tmp_path):
     (tmp_path / "locked").mkdir()
     with immutable(tmp_path / "locked"):
@@ -70,6 +71,7 @@ def test_unwritable_and_full_job_log_dir(tmp_path):
             job.check_writable(str(disk / "job"))
 
 
+@pytest.mark.process
 def test_failed_saves_stop_in_one_line_and_keep_the_last_checkpoint(tmp_path):
     """Immutable checkpoint directory, then a full disk: exit 2 within seconds, one line,
     and the previous checkpoint still restores."""
@@ -111,6 +113,7 @@ def _damage(job_dir, how: str):
         os.remove(os.path.join(state, "_METADATA"))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["missing data", "garbled metadata", "missing metadata"])
 def test_broken_latest_checkpoint_is_named_then_skipped_on_request(tmp_path, trained, how):
     job_dir = tmp_path / "job"
@@ -128,6 +131,7 @@ def test_broken_latest_checkpoint_is_named_then_skipped_on_request(tmp_path, tra
     assert aside.startswith("8-")
 
 
+@pytest.mark.process
 def test_restore_step_that_does_not_exist_lists_the_steps(trained):
     with pytest.raises(UserError, match=r"--restore_checkpoint_step=99: .* has no such "
                                         r"checkpoint; it has steps \[4, 8\]"):
@@ -140,6 +144,7 @@ def _exp(**overrides):
     return experiments.BaseExperiment(**{**JOB, **overrides})
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args,message", [
     (["--fdl.DATASET='pile'"], "DATASET='pile' needs --data_dir"),
     (["--fdl.DATASET='pile'", "--data_dir=/tmp", "--vocab_path=/no/such.model"],
@@ -166,12 +171,14 @@ def test_config_and_data_mistakes_are_one_line(tmp_path, args, message):
     assert "Fiddle context" not in out.stderr
 
 
+@pytest.mark.process
 def test_missing_config_file_is_one_line(tmp_path):
     out = run_main("--fdl_config_file=/no/such/fiddle_graph.json",
                    f"--job_log_dir={tmp_path / 'job'}")
     assert_one_line(out, "--fdl_config_file=/no/such/fiddle_graph.json: No such file")
 
 
+@pytest.mark.process
 def test_zero_host_devices_is_one_line(tmp_path):
     out = run_main("--fdl_config=experiments.Tiny", f"--job_log_dir={tmp_path / 'job'}",
                    env=session_env(XLA_FLAGS="--xla_force_host_platform_device_count=0"))

@@ -8,6 +8,7 @@ import pytest
 from tests.support.processes import run_python
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 15-25 s on 2 cores: three fresh processes
 def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     """bench/gpu_bench.py's CPU mode (tiny shapes): a row with figures per implementation."""
@@ -25,6 +26,7 @@ def test_gpu_benchmark_runs_every_implementation_on_cpu(tmp_path):
     assert "Synthetic126M  xla" in out.stdout
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 20-30 s on 2 cores: three fresh processes and the GEMM script
 def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
     """--fp8: each row then its USE_FP8 twin, with the speed ratio and both losses after
@@ -46,6 +48,7 @@ def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
     assert gemm.stdout.count("flax delayed fwd+bwd") == 3  # square + two model shapes
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 25-30 s on 2 cores: four fresh processes
 def test_gpu_benchmark_moe_rows_count_active_parameters_on_cpu(tmp_path):
     """bench/gpu_check.sh's moe rows in their CPU mode (tiny shapes): each measures; the

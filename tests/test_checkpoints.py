@@ -153,6 +153,7 @@ def saved_1x8x1(reference):
     return ckpt_dir(reference["dir"])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("ici, num_devices", [([2, 2, 2], 8), ([8, 1, 1], 8), ([1, 1, 1], 1),
                                               ([1, 4, 1], 4)])
 def test_restore_onto_another_mesh_or_fewer_devices(tmp_path, saved_1x8x1, ici, num_devices):
@@ -164,6 +165,7 @@ def test_restore_onto_another_mesh_or_fewer_devices(tmp_path, saved_1x8x1, ici, 
     assert restored_shardings == other.state_shardings
 
 
+@pytest.mark.process
 def test_checkpoint_of_another_model_is_refused_naming_the_parameter(tmp_path, saved_1x8x1,
                                                                      trainer):
     wider = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 8, 1], HIDDEN_DIMS=128)
@@ -184,6 +186,7 @@ def test_checkpoint_of_another_model_is_refused_naming_the_parameter(tmp_path, s
         checkpoints.restore(saved_1x8x1, None, shallower)
 
 
+@pytest.mark.process
 def test_restore_of_a_missing_step_lists_the_steps(saved_1x8x1, trainer):
     with pytest.raises(UserError, match=r"no checkpoint for step 3 in .*; it has steps \[4, 8\]"):
         checkpoints.restore(saved_1x8x1, 3, trainer.abstract_state)
@@ -192,6 +195,7 @@ def test_restore_of_a_missing_step_lists_the_steps(saved_1x8x1, trainer):
 # ----- resume -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path, reference, capsys):
     run_job(tmp_path, MAX_STEPS=3)  # saves at 3 (the end)
     run_job(tmp_path)  # finds step 3, trains 4..8
@@ -204,6 +208,7 @@ def test_resume_continues_bitwise_like_an_uninterrupted_run(tmp_path, reference,
     assert after == {s: v for s, v in console_losses(reference["console"]).items() if s > 3}
 
 
+@pytest.mark.process
 def test_a_resume_keeps_the_record_and_appends_changed_hyperparameters(tmp_path, capsys):
     run_job(tmp_path, MAX_STEPS=4)
     first = (tmp_path / "hyperparameters.json").read_bytes()
@@ -224,6 +229,7 @@ def test_a_resume_keeps_the_record_and_appends_changed_hyperparameters(tmp_path,
             ) in capsys.readouterr().out
 
 
+@pytest.mark.process
 def test_restore_checkpoint_dir_and_step_start_a_new_job_from_another_run(tmp_path, reference,
                                                                           capsys):
     run_job(tmp_path, restore_dir=str(reference["dir"]), restore_step=4)
@@ -233,6 +239,7 @@ def test_restore_checkpoint_dir_and_step_start_a_new_job_from_another_run(tmp_pa
     assert checkpoints.latest_step(ckpt_dir(reference["dir"])) == 8  # the source is untouched
 
 
+@pytest.mark.process
 def test_restore_source_rules(tmp_path, reference):
     own, other = ckpt_dir(reference["dir"]), str(reference["dir"])
     empty = ckpt_dir(tmp_path)
@@ -257,6 +264,7 @@ class OtherExperiment(experiments.BaseExperiment):
     """Same model, another experiment."""
 
 
+@pytest.mark.process
 def test_job_dir_of_another_experiment_is_refused_and_left_alone(tmp_path, reference):
     config = (reference["dir"] / "hyperparameters.json").read_bytes()
     steps = sorted(os.listdir(ckpt_dir(reference["dir"])))
@@ -270,6 +278,7 @@ def test_job_dir_of_another_experiment_is_refused_and_left_alone(tmp_path, refer
 # ----- crash safety -----------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_an_interrupted_save_is_not_taken_for_a_checkpoint(tmp_path, saved_1x8x1, trainer):
     import shutil
 
@@ -348,6 +357,7 @@ def test_orbax_write_tasks_that_fail_unseen_are_not_reported_twice(defined_in, r
 # ----- non-finite losses ---------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     hook_input(monkeypatch, at=4, hook=nan_weights)  # step 5
     with pytest.raises(NonFiniteLossError, match="NaN/Inf at step 5"):
@@ -357,6 +367,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monke
     assert all(np.isfinite(x).all() for x in jax.tree_util.tree_leaves(state))
 
 
+@pytest.mark.process
 def test_a_finite_step_with_a_non_finite_update_is_never_saved(tmp_path):
     # 1e39 overflows float32: the first update makes every weight infinite while the loss
     # and gradient norm of that step are still finite.
@@ -366,6 +377,7 @@ def test_a_finite_step_with_a_non_finite_update_is_never_saved(tmp_path):
     assert checkpoints.latest_step(ckpt_dir(tmp_path)) is None
 
 
+@pytest.mark.process
 def test_skip_nonfinite_steps_skips_the_step_and_goes_on(tmp_path, monkeypatch, capsys):
     hook_input(monkeypatch, at=4, hook=nan_weights)  # step 5
     run_job(tmp_path, SKIP_NONFINITE_STEPS=True, MAX_STEPS=6, CHECKPOINT_EVERY_N_STEPS=1,
@@ -383,6 +395,7 @@ def test_skip_nonfinite_steps_skips_the_step_and_goes_on(tmp_path, monkeypatch, 
 # ----- evaluation ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_eval_mode_evaluates_the_latest_checkpoint_once(tmp_path, reference, monkeypatch, capsys):
     calls = []
     original = Trainer.evaluate
@@ -408,6 +421,7 @@ def test_eval_mode_evaluates_the_latest_checkpoint_once(tmp_path, reference, mon
     assert calls[1][1] == 4
 
 
+@pytest.mark.process
 def test_eval_mode_without_a_checkpoint_says_where_it_looked(tmp_path):
     with pytest.raises(UserError, match=f"evaluates a checkpoint, and {ckpt_dir(tmp_path)} has "
                        f"none"):
@@ -417,6 +431,7 @@ def test_eval_mode_without_a_checkpoint_says_where_it_looked(tmp_path):
 # ----- preemption -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_preemption_signal_saves_stops_and_resumes_exactly(tmp_path, reference, monkeypatch,
                                                            capsys):
     hook_input(monkeypatch, at=2, hook=lambda batch: os.kill(os.getpid(), signal.SIGUSR1)
@@ -448,6 +463,7 @@ def test_bad_preemption_signals_are_user_errors():
         preemption.PreemptionWatcher("SIGKILL")
 
 
+@pytest.mark.process
 def test_metadata_is_json_a_person_can_read(reference):
     path = os.path.join(ckpt_dir(reference["dir"]), "8", "metadata", "metadata")
     with open(path) as f:

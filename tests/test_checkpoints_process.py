@@ -94,6 +94,7 @@ def assert_bitwise_equal(a, b):
 RESUMABLE = dict(MAX_STEPS=16, CHECKPOINT_EVERY_N_STEPS=2, SUMMARY_INTERVAL_STEPS=1)
 
 
+@pytest.mark.process
 def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_path, env):
     assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env)
 
@@ -135,6 +136,7 @@ def assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env, *flags
     return reference_out, state
 
 
+@pytest.mark.process
 @pytest.mark.slow  # the kill -9 resume above covers resuming; this adds the restore path
 def test_a_run_from_checkpoint_restore_path_killed_resumes_its_own_checkpoints(tmp_path, env):
     """CHECKPOINT_RESTORE_PATH seeds a new job once: after kill -9 the same command resumes
@@ -158,6 +160,7 @@ def test_a_run_from_checkpoint_restore_path_killed_resumes_its_own_checkpoints(t
     assert tree_digest(source / "checkpoints") == before
 
 
+@pytest.mark.process
 def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, env):
     proc = start(tmp_path, env, MAX_STEPS=100_000, SUMMARY_INTERVAL_STEPS=1,
                  LR_COS_DECAY_END=100_000)
@@ -173,6 +176,7 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(tmp_path, env):
     assert checkpoints.latest_step(str(tmp_path / "checkpoints")) == stopped
 
 
+@pytest.mark.process
 def test_nonfinite_loss_exits_3_with_one_line_and_keeps_good_checkpoints(tmp_path, env):
     # Adam steps of size 1e6 blow the loss up within a few steps.
     code, out, err = finish(start(tmp_path, env, MAX_STEPS=20, LEARNING_RATE=1e6,
@@ -192,6 +196,7 @@ def test_nonfinite_loss_exits_3_with_one_line_and_keeps_good_checkpoints(tmp_pat
 # ----- several processes agree on the step ------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_processes_stop_at_one_step_when_one_is_signalled(tmp_path, sig):
@@ -220,6 +225,7 @@ def test_processes_stop_at_one_step_when_one_is_signalled(tmp_path, sig):
     assert stops[0].group(1) == stops[1].group(1)
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.slow  # two main.py processes: 40-90 s on 2 cores
 def test_main_py_processes_save_one_step_when_one_gets_sigterm(tmp_path, env):

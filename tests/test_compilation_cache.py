@@ -63,6 +63,7 @@ def two_steps(job_dir, env, *flags) -> str:
                     f"--job_log_dir={job_dir}", *flags, env=env, check=True).stdout
 
 
+@pytest.mark.process
 def test_a_second_start_loads_what_the_first_compiled(tmp_path):
     env = {k: v for k, v in os.environ.items()  # conftest: 8 CPU devices
            if k != "JAX_COMPILATION_CACHE_DIR"}

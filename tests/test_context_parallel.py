@@ -240,6 +240,7 @@ def test_a_run_with_a_context_axis_killed_after_a_checkpoint_resumes_bitwise(tmp
     assert "context" in out
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_checkpoint_with_a_context_axis_restores_onto_a_mesh_without_one(tmp_path, env):
     job = tmp_path / "job"
@@ -277,6 +278,7 @@ def test_what_cannot_run_with_a_context_axis_gets_one_line(overrides, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.process
 @pytest.mark.slow  # a main.py start; the same refusal is checked in process above
 def test_main_refuses_an_uneven_sequence_split_in_one_line(tmp_path, env):
     out = run_main("--fdl_config=experiments.base.BaseExperiment", f"--job_log_dir={tmp_path}",

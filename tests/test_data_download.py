@@ -232,6 +232,7 @@ def test_lambada_download_rejects_non_lambada_file(server, tmp_path, capsys):
     assert "line 1" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_lambada_script_offline_no_traceback(tmp_path):
     # As a real process: the sibling import works and the user sees one line.
     url = f"http://127.0.0.1:{_unused_port()}/lambada_test.jsonl"

@@ -210,6 +210,7 @@ def test_eval_input_fixed_padded_and_sliced(data_dir, vocab):
         assert np.array_equal(np.concatenate([lo["ids"], hi["ids"]]), batches[k]["ids"])
 
 
+@pytest.mark.process
 def test_prepare_command(tmp_path, vocab):
     root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=20)
     proc = run_python(

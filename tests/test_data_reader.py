@@ -195,6 +195,7 @@ def test_check_vocab_size(vocab):
         check_vocab_size(vocab, 256)
 
 
+@pytest.mark.process
 def test_train_vocab_command(tmp_path):
     root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=40)
     out = tmp_path / "v.model"

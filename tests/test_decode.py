@@ -152,6 +152,26 @@ def test_prompts_longer_than_max_seq_len_are_cut_from_the_left(gpt, capsys):
     assert ids(record["continuation"]) == expected
 
 
+def test_a_prompt_in_chunks_continues_as_it_does_whole_with_less_memory(gpt):
+    """Chunked prefill (--prefill_chunk_len): prompts of 40, 17 and 3 tokens (a batch
+    padded to 48 slots) entered 16 or 32 tokens at a time (32: padded to 64 slots) continue
+    as praxis's forward pass predicts; each chunk's attention scores replace the prompt's."""
+    model, trainer, params = gpt
+    rng = np.random.default_rng(0)
+    prompts = [" ".join(str(t) for t in rng.integers(0, 500, n)) for n in (40, 17, 3)]
+    expected = greedy_reference(trainer, params, [ids(p) for p in prompts], steps=STEPS)
+    for chunk in (0, 16, 32):
+        records = decode.continue_prompts(model, prompts, max_decode_steps=STEPS,
+                                          options=SamplingOptions(), prefill_chunk=chunk)
+        assert [ids(r["continuation"]) for r in records] == expected, chunk
+    temp = {key[-1]: program.memory_analysis().temp_size_in_bytes
+            for key, program in model.programs.items() if key[:2] == (3, 48)}
+    assert temp[16] < temp[0], temp
+    with pytest.raises(UserError, match="--prefill_chunk_len=-1: must be >= 0"):
+        decode.continue_prompts(model, prompts, max_decode_steps=STEPS,
+                                options=SamplingOptions(), prefill_chunk=-1)
+
+
 @pytest.mark.slow  # 300 training steps: 15-30 s on 2 cores
 def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
     """Trained on arithmetic progressions (tasks/synthetic.py) until it has learnt them,
@@ -172,6 +192,7 @@ def test_a_model_trained_on_a_pattern_completes_it(tmp_path):
         "9 10 11 12 13 14", "19 22 25 28 31 34", "60 1 6 11 16 21"]  # modulo VOCAB_SIZE
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args,message", [
     (["--job_log_dir=/tmp/paxloom-no-such-run", "--prompt=x"],
      "--mode=decode needs a checkpoint, and /tmp/paxloom-no-such-run/checkpoints has none"),

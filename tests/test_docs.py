@@ -28,6 +28,7 @@ def _mkdocs() -> str | None:
     return venv if os.path.exists(venv) else shutil.which("mkdocs")
 
 
+@pytest.mark.process
 def test_mkdocs_build_strict(tmp_path):
     mkdocs = _mkdocs()
     if mkdocs is None:
@@ -58,6 +59,7 @@ def test_example_markers_are_well_formed():
     assert BLOCKS, "no shell examples found in README.md and docs/"
 
 
+@pytest.mark.process  # reads main.py's flags in a fresh process
 def test_every_example_uses_flags_the_code_defines():
     problems = []
     for block in BLOCKS:
@@ -65,6 +67,7 @@ def test_every_example_uses_flags_the_code_defines():
     assert not problems, "documented flags the code does not define:\n" + "\n".join(problems)
 
 
+@pytest.mark.process  # reads main.py's flags in a fresh process
 def test_every_main_flag_is_in_the_flags_reference():
     with open(os.path.join(REPO_ROOT, "docs", "reference", "flags.md"), encoding="utf-8") as f:
         reference = f.read()
@@ -89,6 +92,7 @@ def _block_with(flag: str) -> docs_examples.Block:
     raise AssertionError(f"no example passes {flag} to main.py exactly once")
 
 
+@pytest.mark.process  # reads main.py's flags in a fresh process
 def test_flag_check_fails_when_a_documented_flag_is_renamed():
     """The check is not vacuous: rename --job_log_dir in a real example, and exactly that is
     reported. The same for a misspelt hyperparameter and a script's flag."""
@@ -132,6 +136,7 @@ def test_commands_are_read_as_the_shell_reads_them():
     assert len(problems) == 2  # a skip without a reason, an unknown mark
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_examples_run_on_cpu(page):

@@ -41,6 +41,7 @@ def other_vocab(tmp_path_factory):
 # ----- Part 3: data files are checked before the first step ------------------------------
 
 
+@pytest.mark.process
 def test_missing_validation_file_fails_before_the_first_step(tmp_path, vocab):
     data = make_pile_dir(tmp_path / "data", num_train_files=1, docs_per_file=20)
     (data / "pile" / "val.jsonl.zst").unlink()
@@ -105,6 +106,7 @@ def test_vocabulary_fingerprint_is_recorded_and_checked(tmp_path, vocab, other_v
         run_record.check_vocabulary(load_tokenizer(other_vocab), str(tmp_path / "run"), other_vocab)
 
 
+@pytest.mark.process
 def test_decode_uses_recorded_vocabulary_and_refuses_another(tmp_path, vocab, other_vocab):
     """Fast: a recorded (untrained) run; decode stops at 'no checkpoint', after the settings."""
     data = make_pile_dir(tmp_path / "data", num_train_files=1, docs_per_file=20)
@@ -125,6 +127,7 @@ def test_decode_uses_recorded_vocabulary_and_refuses_another(tmp_path, vocab, ot
     assert "is not the vocabulary this run trained with" in line, line
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_trained_run_decodes_with_its_recorded_settings(tmp_path, vocab, other_vocab):
     data = make_pile_dir(tmp_path / "data", num_train_files=1, docs_per_file=40)
@@ -148,6 +151,7 @@ def test_trained_run_decodes_with_its_recorded_settings(tmp_path, vocab, other_v
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_resume_with_another_vocabulary_is_refused_before_anything_is_written(
         tmp_path, vocab, other_vocab):

@@ -139,6 +139,7 @@ def test_what_gpt2_cannot_express_is_refused(tmp_path):
         export_hf.export(str(tmp_path), str(tmp_path / "hf"))
 
 
+@pytest.mark.process
 def test_export_of_a_directory_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
     out = run_python("-m", "tools.export_hf", f"--job_log_dir={tmp_path}",
                      f"--output={tmp_path / 'hf'}", env=session_env(JAX_PLATFORMS="cpu"),

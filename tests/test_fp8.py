@@ -209,6 +209,7 @@ def assert_bitwise_equal(a: dict, b: dict):
         assert value.dtype == b[name].dtype and value.tobytes() == b[name].tobytes(), name
 
 
+@pytest.mark.process
 def test_a_resumed_fp8_run_ends_bitwise_like_an_uninterrupted_one(fp8_job, tmp_path):
     """A fresh job restoring the step-2 checkpoint trains steps 3 and 4 to the same state,
     scaling state and Adam moments included: nothing of FP8 lives outside the checkpoint."""
@@ -227,6 +228,7 @@ def test_a_resumed_fp8_run_ends_bitwise_like_an_uninterrupted_one(fp8_job, tmp_p
                for k, v in scaling_state(resumed["params"]).items())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("ici", [[2, 2, 2], [1, 8, 1]])
 def test_restore_onto_another_mesh_gives_the_same_scaling_state(fp8_job, tmp_path, ici):
     job_dir, final = fp8_job
@@ -267,6 +269,7 @@ def test_a_bfloat16_checkpoint_starts_an_fp8_run_with_fresh_scaling_state(tmp_pa
             assert value.tobytes() == saved[name].tobytes(), name
 
 
+@pytest.mark.process
 def test_an_fp8_checkpoint_starts_a_bfloat16_run_ignoring_its_scaling_state(fp8_job, tmp_path):
     job_dir, final = fp8_job
     saved = flat(final["params"])
@@ -303,6 +306,7 @@ def bf16_twin(fp8_job, tmp_path_factory):
     return job_dir
 
 
+@pytest.mark.process
 def test_export_of_an_fp8_run_is_its_weights_without_scaling_state(fp8_job, bf16_twin,
                                                                    tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
@@ -314,6 +318,7 @@ def test_export_of_an_fp8_run_is_its_weights_without_scaling_state(fp8_job, bf16
     assert_bitwise_equal(got, want)
 
 
+@pytest.mark.process
 def test_decode_of_an_fp8_run_reads_its_weights(fp8_job, bf16_twin):
     """Decoding runs the cached decoder in the compute dtype (bfloat16) on the checkpoint's
     float32 weights: an FP8 run decodes as the bfloat16 run of the same weights."""

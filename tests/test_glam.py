@@ -300,6 +300,7 @@ def test_glam_refuses_what_it_cannot_build(overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.process
 def test_main_refuses_an_odd_number_of_glam_layers_in_one_line(tmp_path):
     out = run_main("--fdl_config=experiments.GLaMTiny", "--fdl.NUM_LAYERS=3",
                    f"--job_log_dir={tmp_path}")
@@ -345,6 +346,7 @@ def test_glam_tiny_trains_with_the_load_balancing_loss_in_its_loss(tmp_path):
     assert 0 <= step_metrics["moe/unrouted_fraction"] <= step_metrics["moe/dropped_fraction"]
 
 
+@pytest.mark.process
 @pytest.mark.slow  # the same training as above, through main.py, with both evaluations
 def test_glam_tiny_runs_through_main(tmp_path):
     out = run_main("--fdl_config=experiments.GLaMTiny", f"--job_log_dir={tmp_path}",

@@ -21,6 +21,7 @@ def train_args(job_dir, max_steps: int) -> list[str]:
             f"--fdl.MAX_STEPS={max_steps}", f"--job_log_dir={job_dir}"]
 
 
+@pytest.mark.process
 def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_path):
     job_dir = tmp_path / "job"
     log = open(tmp_path / "first.out", "w+")
@@ -74,6 +75,7 @@ def _step(job_dir) -> int:
         return 0
 
 
+@pytest.mark.process
 def test_ledger_cli_on_a_directory_without_records(tmp_path):
     shown = run_python("-m", "runner.training.goodput", str(tmp_path), timeout=60)
     assert shown.returncode == 2 and shown.stderr.startswith("error: ")

@@ -27,6 +27,7 @@ def check(*args, prelude=":", out=None):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.process
 def test_the_dry_run_checks_every_part_within_540_seconds():
     done = subprocess.run(["bash", SCRIPT, "--dry-run"], cwd=REPO_ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
@@ -38,6 +39,7 @@ def test_the_dry_run_checks_every_part_within_540_seconds():
     assert total == sum(budgets.values()) <= 540
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("part, prelude, bad", [
     ("default", "MAIN_FLAGS+=(--fdl.NO_SUCH_HYPERPARAMETER=1)", "--fdl.NO_SUCH_HYPERPARAMETER"),
     ("speed", "BENCH_STEPS+=(--no_such_option)", "--no_such_option"),
@@ -50,16 +52,19 @@ def test_a_broken_command_line_fails_the_dry_run_naming_its_part(part, prelude, 
     assert re.search(rf"invalid: python3 .*{bad}", done.stdout), done.stdout
 
 
+@pytest.mark.process
 def test_budgets_over_540_seconds_fail_the_dry_run():
     done = check("--dry-run", "--parts install", "--budget install=600")
     assert done.returncode != 0 and "over 540 s" in done.stdout, done.stdout
 
 
+@pytest.mark.process
 def test_an_unknown_part_is_refused():
     done = check("--dry-run", "--parts speed,sped")
     assert done.returncode == 2 and "unknown part 'sped'" in done.stderr
 
 
+@pytest.mark.process
 def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     """A real run (on CPU) whose part runs out of time: TIMEOUT in the table printed last
     and in $OUT/summary.txt, the other parts skipped, a non-zero exit."""
@@ -94,6 +99,7 @@ def assert_key(part, out, status: int, figures: str) -> None:
     assert (done.returncode, done.stdout.strip()) == (status, figures), done.stderr
 
 
+@pytest.mark.process
 def test_the_default_part_fails_when_the_restart_compiled_its_train_step(tmp_path):
     log = ("training Tiny: 1 parameters\nstep     30 | loss 6.5329 | lr 3e-3\n"
            "wrote 1 continuation(s) to x\ntraining LlamaTiny: 1 parameters\n"
@@ -109,6 +115,7 @@ def test_the_default_part_fails_when_the_restart_compiled_its_train_step(tmp_pat
                "step 30; 2 decode(s); restart loaded its train step from the cache in 0.2s")
 
 
+@pytest.mark.process
 def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
     peer = {"experiment": "Synthetic126M", "attention": "torch", "mfu": 0.4}
     row = {"experiment": "Synthetic126M", "attention": "auto", "mfu": 0.42, "vs_torch": 1.05}
@@ -126,6 +133,7 @@ def test_the_speed_and_fp8_keys_report_rows_and_fail_on_an_error_row(tmp_path):
                "vs 7.0000 (+1.00%, target within 2%); f8 GEMMs 48/60")
 
 
+@pytest.mark.process
 def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_dense(tmp_path):
     """The moe part's rows build on CPU as they run there (one device: GLaM's NUM_GPUS=1,
     its attention praxis's under --impls auto); its key gives each row's MFU and peak

@@ -71,6 +71,7 @@ def test_sub_batches_need_less_memory(tmp_path):
     assert accumulated < 0.6 * one, (accumulated, one)
 
 
+@pytest.mark.process
 def test_batch_that_does_not_split_is_one_line(tmp_path):
     # 8 sequences on 8 shards cannot make 3 sub-batches.
     with pytest.raises(UserError) as info:

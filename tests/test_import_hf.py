@@ -360,6 +360,7 @@ def test_import_hf_prints_the_flags_of_the_matching_run(tmp_path):
         f"--vocab_path={path / 'tokenizer.json'}"]
 
 
+@pytest.mark.process
 def test_import_hf_of_a_bad_directory_is_one_line_and_exit_2(tmp_path):
     path = write_config(tmp_path, **LLAMA, attention_bias=True)
     out = run_python("-m", "tools.import_hf", f"--hf_dir={path}",

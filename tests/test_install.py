@@ -23,6 +23,7 @@ def run(*command, **options) -> subprocess.CompletedProcess:
     return out
 
 
+@pytest.mark.process
 def test_installed_package_trains_on_a_text_corpus(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)

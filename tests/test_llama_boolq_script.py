@@ -169,6 +169,7 @@ def pax_llama_params(seed: int) -> dict:
                    "final_ln": {"scale": w(d, mean=1)}, "transformer": layers}}
 
 
+@pytest.mark.process
 def test_eval_only_on_a_pax_job_directory(pax_boolq, tmp_path):
     """EVAL_ONLY=1 on a Pax job directory (a converted LLaMA: checkpoints/checkpoint_00000000/),
     with LoRA's flags as the script passes them: its weights, the adapters at zero."""
@@ -184,6 +185,7 @@ def test_eval_only_on_a_pax_job_directory(pax_boolq, tmp_path):
     assert len((pax_job / "boolq_predictions.jsonl").read_text().splitlines()) == NUM_DEV
 
 
+@pytest.mark.process
 @pytest.mark.slow  # five main.py runs, about 30 s on 2 cores
 def test_full_then_lora_from_the_restore_path_then_eval_only(pax_boolq, tmp_path):
     tfds_dir, vocab = pax_boolq

@@ -13,6 +13,7 @@ from tests.support.tiny import model_flags
 TINY_FLAGS = model_flags(NUM_HEADS=4, DIMS_PER_HEAD=16)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args,message", [
     (["--fdl_config=experiments.Synthetic5B", "--fdl.ICI_MESH_SHAPE=[3,1,1]",
       "--job_log_dir=/tmp/unused"], "covers 3 devices, but this job has 8"),
@@ -37,6 +38,7 @@ def test_user_errors_exit_2_with_one_line(args, message):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_list_experiments_of_a_users_module(tmp_path):
     (tmp_path / "my_exps.py").write_text(
         "from experiments.gpt import GPT126M\n\n\n"
@@ -49,6 +51,7 @@ def test_list_experiments_of_a_users_module(tmp_path):
                     "--fdl_config=no_such_exps: cannot import no_such_exps")
 
 
+@pytest.mark.process
 def test_list_experiments_and_print_config():
     listed = run_main("--list_experiments")
     assert listed.returncode == 0
@@ -62,6 +65,7 @@ def test_list_experiments_and_print_config():
     assert "model.lm_tpl.stacked_transformer_tpl" in shown.stdout  # the Fiddle graph
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
 def test_help_prints_usage(flag):
     out = run_main(flag)
@@ -70,6 +74,7 @@ def test_help_prints_usage(flag):
     assert "--job_log_dir" in out.stdout and "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_absl_logging_flags_and_pax_config_names_of_the_pax_scripts_are_accepted():
     out = run_main("--alsologtostderr", "--fdl_config=paxml.contrib.gpu.scripts_gpu.configs.GPT5B",
                    "--print_config")
@@ -79,6 +84,7 @@ def test_absl_logging_flags_and_pax_config_names_of_the_pax_scripts_are_accepted
             "experiments.GPT5B") in out.stderr
 
 
+@pytest.mark.process
 def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -114,6 +120,7 @@ def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
     assert "model.lm_tpl.model_dims" in (job / "fiddle_graph.txt").read_text()
 
 
+@pytest.mark.process
 def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     """--exp, a dotted graph override, --noeval_on_test, --enable_checkpoint_saving=false and
     a profile of steps 2-3; then --fdl_config_file reruns the recorded graph to the same
@@ -144,6 +151,7 @@ def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     assert (again / "checkpoints").is_dir()  # the flags of the first run are not in the graph
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 15 s: two main.py runs
 def test_hparams_tab_and_weights_and_biases_offline(tmp_path):
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator

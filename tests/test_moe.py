@@ -326,6 +326,7 @@ def test_the_gpt_family_refuses_experts():
         experiments.BaseExperiment(NUM_EXPERTS=8).validate()
 
 
+@pytest.mark.process
 def test_main_refuses_an_uneven_expert_split_in_one_line(tmp_path):
     out = run_main("--fdl_config=experiments.MixtralTiny", "--fdl.NUM_EXPERTS=5",
                    f"--job_log_dir={tmp_path}")

@@ -102,6 +102,7 @@ def test_a_mixture_killed_after_a_checkpoint_resumes_bitwise(tmp_path, env):
 # ----- (2) two processes, the experts split over both: the losses of one ----------------------
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.slow  # two main.py processes and the reference: 29-39 s on 2 cores
 def test_two_processes_with_the_experts_split_over_both_train_like_one(tmp_path):
@@ -134,6 +135,7 @@ def test_two_processes_with_the_experts_split_over_both_train_like_one(tmp_path)
 # ----- (3) a checkpoint of [1,8,1] restores onto other meshes and fewer devices ---------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("ici, num_devices", [([2, 2, 2], 8), ([8, 1, 1], 8), ([1, 1, 1], 1),
                                               ([1, 4, 1], 4)],
                          ids=["2x2x2", "8x1x1", "one-device", "1x4x1-on-4"])
@@ -159,6 +161,7 @@ def test_a_mixture_restores_onto_another_mesh_or_fewer_devices(tmp_path, moe_job
 # ----- (4) the router's metrics in the step line, TensorBoard and metrics.jsonl ---------------
 
 
+@pytest.mark.process
 def test_the_step_line_and_the_summaries_show_the_moe_metrics(moe_job):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -250,6 +253,7 @@ def test_lora_on_attention_of_a_mixture_trains_only_the_adapters(lora_trainers):
         lora_trainers, "llama_gqa", "attention")
 
 
+@pytest.mark.process
 def test_lora_on_every_layer_of_a_mixture_is_refused_in_one_line(tmp_path):
     out = run_main(EXPERIMENT, "--fdl.USE_LORA=True", "--fdl.LORA_TARGET_LAYERS='all'",
                    f"--job_log_dir={tmp_path / 'job'}")
@@ -261,6 +265,7 @@ def test_lora_on_every_layer_of_a_mixture_is_refused_in_one_line(tmp_path):
 # ----- (7) the Pile and Lambada; then --mode=eval and --mode=decode of the trained run -------
 
 
+@pytest.mark.process
 @pytest.mark.slow  # three main.py runs: 18-29 s on 2 cores
 def test_a_mixture_on_pile_data_evaluates_on_pile_and_lambada_then_decodes(tmp_path, env,
                                                                           tmp_path_factory):

@@ -99,6 +99,7 @@ def max_rel_diff(a, b) -> float:
 # ----- the tests -------------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process):
     # No distributed flags at all: started by (simulated) srun, main.py finds the job's
@@ -130,6 +131,7 @@ def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process)
     assert len(list((job_dir / "tb" / "train").glob("events.out.tfevents.*"))) == 1
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("num, ici, dcn, rows, weight_rows", [
     # FSDP across processes: each holds half of every weight's `data` dimension.
@@ -158,6 +160,7 @@ def test_processes_train_and_evaluate_like_one(tmp_path, one_process, num, ici, 
             assert result["eval"]["synthetic_eval"][name] == pytest.approx(value, rel=RTOL)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_pipeline_stages_across_two_processes_train_like_one(tmp_path):
@@ -180,6 +183,7 @@ def test_pipeline_stages_across_two_processes_train_like_one(tmp_path):
     assert max_rel_diff(losses, expected) < RTOL
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path):
     port = free_port()
@@ -201,6 +205,7 @@ def test_coordinator_without_peers_fails_in_bounded_time_with_one_line(tmp_path)
     assert elapsed < 40  # 3 s of waiting plus imports; not jax's 5-minute default
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.slow  # 15 s; the other two-process tests stay in the quick loop
 def test_two_processes_with_the_same_host_idx(tmp_path):

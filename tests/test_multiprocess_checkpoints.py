@@ -55,6 +55,7 @@ def main_py_run(tmp_path, name, num, max_steps, restore_from=None, **mesh) -> tu
     return losses, console
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.slow  # 26 s; make test keeps the one-process elastic restores
 def test_checkpoint_from_two_processes_restores_in_one_and_back(tmp_path, one_process):

@@ -139,6 +139,7 @@ def runs(job_dir: Path) -> list[list[dict]]:
                    (job_dir / "my_steps.jsonl").read_text().splitlines() if "start" in line]
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 18 s: three main.py runs
 def test_own_dataset_and_callback_train_resume_exactly_and_see_every_step(tmp_path):
     user_dir = tmp_path / "user"

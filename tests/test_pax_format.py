@@ -208,6 +208,7 @@ def test_padded_parameters_are_cut_to_their_true_shape(gpt_target, gpt_checkpoin
     assert all(np.array_equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not os.environ.get("PAXML_PYTHON"), reason="set PAXML_PYTHON to a Python "
                     "with paxml 1.4.0 (see this test's docstring) to compare with paxml itself")
 def test_paxmls_own_checkpoint_reads_like_the_fixture(gpt_target, gpt_checkpoint, tmp_path):

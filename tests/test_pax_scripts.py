@@ -50,6 +50,7 @@ def pax_env(devices: int, **extra) -> dict[str, str]:
     return {**env, **extra}
 
 
+@pytest.mark.process
 def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     tfds_data_dir, vocab = pax_data
     log_dir = tmp_path / "test_logdir"
@@ -87,6 +88,7 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     assert (log_dir / "lambada_predictions.jsonl").is_file()
 
 
+@pytest.mark.process
 @pytest.mark.multiprocess
 @pytest.mark.slow  # two processes under Pax's .sub; the single-node scripts run in make test
 def test_multinode_script_under_the_slurm_sub(pax_data, tmp_path):

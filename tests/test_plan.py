@@ -171,6 +171,7 @@ def test_upcast_copies_are_whole_bfloat16_arrays_made_float32_outside_fusions():
     assert hlo_text.upcast_copies(HLO) == [("f32[4,8]", 128)]
 
 
+@pytest.mark.process
 def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
         measured_plan, monkeypatch):
     # The experiment of measured_plan, so the subprocess finds its step in this module's
@@ -206,6 +207,7 @@ def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
             "--job_log_dir=runs/NAME") in text
 
 
+@pytest.mark.process
 def test_plan_user_errors_are_one_line():
     out = run_main("--fdl_config=experiments.Tiny", "--mode=plan", "--plan_device=h300")
     assert out.returncode == 2

@@ -46,6 +46,7 @@ MEASURED_ON_H100 = [
 ]
 
 
+@pytest.mark.process
 @needs_plugin
 @pytest.mark.parametrize("flags,measured_gib", MEASURED_ON_H100)
 def test_xla_gpu_plan_is_within_20_percent_of_the_h100s_peak(flags, measured_gib):
@@ -57,6 +58,7 @@ def test_xla_gpu_plan_is_within_20_percent_of_the_h100s_peak(flags, measured_gib
     assert abs(planned / measured_gib - 1) <= 0.2, (planned, measured_gib)
 
 
+@pytest.mark.process
 @needs_plugin
 def test_a_sharded_bfloat16_plan_by_xla_gpu_from_the_command_line():
     planned, text = plan_peak_gib("--fdl_config=experiments.Tiny", "--fdl.ICI_MESH_SHAPE=[2,2,2]",
@@ -72,6 +74,7 @@ def test_a_sharded_bfloat16_plan_by_xla_gpu_from_the_command_line():
     assert 0 < planned < 64
 
 
+@pytest.mark.process
 def test_plans_without_the_plugin_say_so_in_one_line():
     env = {"PAXLOOM_XLA_GPU_COMPILER": "/nonexistent"}
     if gpu_target._plugin_importable():
@@ -126,6 +129,7 @@ def test_target_configs_describe_each_planned_gpu():
     assert f"device_memory_size: {81920 * 2**20}" in text
 
 
+@pytest.mark.process
 @needs_plugin
 @pytest.mark.slow
 def test_glam64b_on_64_nodes_plans_its_memory_and_all_to_all_bytes():

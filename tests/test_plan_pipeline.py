@@ -128,6 +128,7 @@ def test_gpt175b_pipelined_values_are_nvidia175b_and_gpt175b():
             assert getattr(exp, key) == value, key
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 18 s: a compile of GPT175B's 96-device pipelined step
 def test_gpt175b_pipelined_plans_to_fit_h100_80gb():
     """The whole 96-GPU plan from the command line (a subprocess: 96 fake devices)."""

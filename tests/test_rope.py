@@ -270,6 +270,7 @@ def test_bad_scaling_hyperparameters_are_one_line(overrides, message):
     assert str(error.value).startswith(message)
 
 
+@pytest.mark.process
 def test_the_choices_are_the_layers_scalings_and_main_exits_2(tmp_path):
     assert LlamaBase.CHOICES["ROPE_SCALING_TYPE"] == rope.SCALINGS
     out = run_main("--fdl_config=experiments.LlamaTiny", "--fdl.ROPE_SCALING_FACTOR=-1.0",

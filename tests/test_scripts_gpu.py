@@ -80,6 +80,7 @@ def inputs(tmp_path):
     return data, vocab
 
 
+@pytest.mark.process
 def test_shellcheck():
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck not installed")
@@ -94,6 +95,7 @@ def test_scripts_are_executable():
             assert os.access(script, os.X_OK), script
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_usage(name):
     script = str(SCRIPTS / name)
@@ -103,6 +105,7 @@ def test_usage(name):
     assert res.returncode == 2 and "Usage:" in res.stderr
 
 
+@pytest.mark.process
 def test_singlenode_builds_main_command(stub_python, inputs, tmp_path):
     stub, out = stub_python
     data, vocab = inputs
@@ -133,6 +136,7 @@ def test_singlenode_builds_main_command(stub_python, inputs, tmp_path):
     assert logdir.is_dir()
 
 
+@pytest.mark.process
 def test_singlenode_rejects_bad_arguments(stub_python, inputs, tmp_path):
     stub, _ = stub_python
     data, vocab = inputs
@@ -147,6 +151,7 @@ def test_singlenode_rejects_bad_arguments(stub_python, inputs, tmp_path):
         assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
+@pytest.mark.process
 def test_lambada_needs_pretraining_logdir(stub_python, inputs, tmp_path):
     stub, out = stub_python
     data, vocab = inputs
@@ -160,6 +165,7 @@ def test_lambada_needs_pretraining_logdir(stub_python, inputs, tmp_path):
     assert "--fdl_config=experiments.Lambada126M" in argv and "--mode=eval" in argv
 
 
+@pytest.mark.process
 def test_multinode_under_slurm(stub_python, inputs, tmp_path):
     stub, out = stub_python
     data, vocab = inputs
@@ -186,6 +192,7 @@ def test_multinode_under_slurm(stub_python, inputs, tmp_path):
     assert res.returncode == 2 and "one task per node" in res.stderr
 
 
+@pytest.mark.process
 def test_slurm_sub(inputs, tmp_path):
     data, vocab = inputs
     fakebin = tmp_path / "bin"
@@ -239,6 +246,7 @@ def test_slurm_sub(inputs, tmp_path):
     assert res.returncode != 0 and "looked up in BASE_WORKSPACE_DIR" in res.stderr
 
 
+@pytest.mark.process
 def test_recommended_xla_flags_are_known_to_this_xla():
     """XLA aborts on an unknown flag; common.sh's flags must parse with the installed jaxlib."""
     src = (
@@ -248,6 +256,7 @@ def test_recommended_xla_flags_are_known_to_this_xla():
     assert res.returncode == 0, res.stderr[-2000:]
 
 
+@pytest.mark.process
 def test_singlenode_trains_tiny_on_cpu(tmp_path):
     """End to end: the script drives the real main.py for two steps of the Tiny experiment."""
     if not MAIN_PY.exists():

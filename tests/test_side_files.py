@@ -103,6 +103,7 @@ def test_damaged_record_beside_a_recorded_graph_is_one_line(tmp_path, tiny):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.usefixtures("compilation_cache")
 def test_damaged_checkpoint_metadata_is_named_then_skipped(tmp_path):
@@ -130,6 +131,7 @@ def test_damaged_checkpoint_metadata_is_named_then_skipped(tmp_path):
 
 # 3. Flags with a range.
 
+@pytest.mark.process
 @pytest.mark.parametrize("flag,message", [
     ("--jax_profiler_port=70000", "--jax_profiler_port=70000: must be a TCP port"),
     ("--plan_mfu=0", "--plan_mfu=0.0: must be a fraction in (0, 1]"),
@@ -141,6 +143,7 @@ def test_flags_out_of_range_are_one_line(tmp_path, flag, message):
     assert_one_line(out, message)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("flag,message", [
     ("--profile_start_step=10", "--profile_start_step=10: the run ends at step 10"),
@@ -181,6 +184,7 @@ def test_graph_overrides_out_of_range_are_one_line(tiny, path, bad, good, messag
     assert overrides.apply_to_graph(config, {path: good}, exp.hyperparameter_types())
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_graph_override_out_of_range_from_main_is_one_line(tmp_path):
     out = run_main("--fdl_config=experiments.Tiny", "--fdl.loop.max_steps=-5",
@@ -190,6 +194,7 @@ def test_graph_override_out_of_range_from_main_is_one_line(tmp_path):
 
 # 5. Export paths.
 
+@pytest.mark.process
 @pytest.mark.parametrize("where", ["under a file", "unwritable"])
 def test_export_output_that_cannot_be_created_is_one_line(tmp_path, tiny, where):
     from tools import export_hf
@@ -235,6 +240,7 @@ def test_ctrl_c_in_training_saves_like_sigterm_and_a_second_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.usefixtures("compilation_cache")
 def test_ctrl_c_during_a_run_saves_and_exits_without_a_traceback(tmp_path):
@@ -254,6 +260,7 @@ def test_ctrl_c_during_a_run_saves_and_exits_without_a_traceback(tmp_path):
 
 # 7. Corrupt data: the error line is the last line printed.
 
+@pytest.mark.process
 @pytest.mark.parametrize("damage", ["truncated", pytest.param("corrupt", marks=pytest.mark.slow)])
 def test_corrupt_training_data_ends_with_the_error_line(tmp_path, tmp_path_factory, damage):
     data = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=200)

@@ -73,6 +73,7 @@ def test_lambada_accuracy_rises_above_chance(tmp_path, learnable_data):
     assert list((tmp_path / "tb" / "eval").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.process
 def test_main_trains_on_pile_layout_and_evaluates(tmp_path, learnable_data):
     data_dir, vocab = learnable_data
     out = run_main("--fdl_config=experiments.GPT126M", f"--data_dir={data_dir}",
@@ -98,6 +99,7 @@ def test_missing_data_dir_is_named(tmp_path, learnable_data):
         _trainer(tmp_path, None, vocab)
 
 
+@pytest.mark.process
 def test_an_evaluation_interval_with_nothing_to_evaluate_says_so(tmp_path, learnable_data):
     """DATASET="text" on The Pile's training shards alone: no validation set was given, so
     EVAL_INTERVAL_STEPS has nothing to run, and the run says so before training."""

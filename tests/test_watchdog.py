@@ -41,6 +41,7 @@ STALLING = """
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_a_stalled_step_ends_the_run_in_one_line_with_its_status(tmp_path):
     (tmp_path / "stalling.py").write_text(textwrap.dedent(STALLING))
@@ -92,6 +93,7 @@ PEER = """
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_stalled_peer_ends_every_process(tmp_path):

@@ -94,6 +94,7 @@ def test_a_pax_checkpoints_embedding_rows_fix_it_unless_ignored(tmp_path):
     experiments.BaseExperiment(**run, CHECKPOINT_IGNORE_RULES=["^lm/softmax/"]).run_config()
 
 
+@pytest.mark.process
 @pytest.mark.slow  # 10-15 s on 2 cores (two fresh processes): the cases above, end to end
 def test_main_with_a_wrong_vocab_size_gives_one_fix_that_trains(hf_dir, tmp_path):
     flags = [*import_hf.run_flags(str(hf_dir)), *fdl_flags(

@@ -30,6 +30,9 @@ OUTPUTS_FILE = "decode_outputs.jsonl"
 # Prompt lengths are padded up to a multiple of this, so batches of similar prompts share
 # one compiled program.
 PROMPT_LENGTH_BUCKET = 16
+# --prefill_chunk_len's default: a prompt longer than this enters the cache in chunks of
+# this many tokens (MaxText's and vLLM's chunked prefill use 256 to 2048).
+PREFILL_CHUNK_LEN = 1024
 
 
 def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
@@ -118,6 +121,7 @@ class DecodeOptions:
     max_decode_steps: int = 64  # --max_decode_steps
     sampling: SamplingOptions = SamplingOptions()  # --temperature, --top_k, --top_p, --decode_seed
     batch_size: int = 16  # --decode_batch_size
+    prefill_chunk_len: int = PREFILL_CHUNK_LEN  # --prefill_chunk_len
     vocab_path: str | None = None  # --vocab_path: the launcher builds the graph with it
     restore_checkpoint_dir: str | None = None  # --restore_checkpoint_dir
     restore_checkpoint_step: int | None = None  # --restore_checkpoint_step
@@ -129,13 +133,14 @@ class DecodeOptions:
 def run(config, options: DecodeOptions) -> list[dict]:
     """Continue every prompt with the model of the run graph `config` (a RunSpec's
     fdl.Config); print the continuations, write decode_outputs.jsonl, return its records."""
-    _check_limits(options.max_decode_steps, options.batch_size)
+    _check_limits(options.max_decode_steps, options.batch_size, options.prefill_chunk_len)
     texts = read_prompts(list(options.prompts), options.prompts_file)
     model = inference.load(config, options.job_log_dir, what="--mode=decode",
                            restore_checkpoint_dir=options.restore_checkpoint_dir,
                            restore_checkpoint_step=options.restore_checkpoint_step)
     records = continue_prompts(model, texts, max_decode_steps=options.max_decode_steps,
-                               options=options.sampling, batch_size=options.batch_size)
+                               options=options.sampling, batch_size=options.batch_size,
+                               prefill_chunk=options.prefill_chunk_len)
     _show(records)
     if jax.process_index() == 0:
         path = os.path.join(options.job_log_dir, OUTPUTS_FILE)
@@ -151,9 +156,11 @@ def run(config, options: DecodeOptions) -> list[dict]:
 
 def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
                      max_decode_steps: int, options: SamplingOptions,
-                     batch_size: int = 16) -> list[dict]:
-    """One record per prompt: its continuation, token count, speed and why it stopped."""
-    _check_limits(max_decode_steps, batch_size)
+                     batch_size: int = 16, prefill_chunk: int = PREFILL_CHUNK_LEN
+                     ) -> list[dict]:
+    """One record per prompt: its continuation, token count, speed and why it stopped.
+    Prompts longer than `prefill_chunk` tokens (0: none) enter the cache in chunks."""
+    _check_limits(max_decode_steps, batch_size, prefill_chunk)
     tokenizer = (TokenIds(model.arch.vocab_size) if model.tokenizer is None
                  else TextTokenizer(model.tokenizer))
     encoded = [_fit_context(i, tokenizer.encode(text), model.max_seq_len)
@@ -165,8 +172,8 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
     records, elapsed = [], 0.0
     for start in range(0, len(texts), batch):
         rows = list(range(start, min(start + batch, len(texts))))
-        prompt_len = min(-(-max(len(encoded[r]) for r in rows) // PROMPT_LENGTH_BUCKET)
-                         * PROMPT_LENGTH_BUCKET, model.max_seq_len)
+        prompt_len = _padded_length(max(len(encoded[r]) for r in rows), model.max_seq_len,
+                                    prefill_chunk)
         prompts = np.zeros((batch, prompt_len), np.int32)  # left-padded with 0
         lengths = np.ones(batch, np.int32)  # rows past the last prompt: one padding token
         for i, r in enumerate(rows):
@@ -174,7 +181,8 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
             lengths[i] = len(encoded[r])
         inputs = (model.params, prompts, lengths, np.arange(start, start + batch, dtype=np.int32),
                   np.int32(options.seed))
-        program = _program(model, inputs, steps=steps, eos_id=tokenizer.eos_id, options=options)
+        program = _program(model, inputs, steps=steps, eos_id=tokenizer.eos_id, options=options,
+                           prefill_chunk=prefill_chunk)
         began = time.perf_counter()
         with jax.set_mesh(model.mesh):
             tokens = np.asarray(jax.device_get(jax.block_until_ready(program(*inputs))))
@@ -189,24 +197,38 @@ def continue_prompts(model: inference.InferenceModel, texts: list[str], *,
     return records
 
 
-def _check_limits(max_decode_steps: int, batch_size: int) -> None:
+def _padded_length(longest: int, max_seq_len: int, prefill_chunk: int) -> int:
+    """A batch's prompt length: its longest prompt's, padded up to PROMPT_LENGTH_BUCKET
+    (at most MAX_SEQ_LEN), and, when longer than a prefill chunk, to whole chunks (the
+    left padding is masked: the cache only gets the slots)."""
+    length = min(-(-longest // PROMPT_LENGTH_BUCKET) * PROMPT_LENGTH_BUCKET, max_seq_len)
+    if 0 < prefill_chunk < length:
+        length = -(-length // prefill_chunk) * prefill_chunk
+    return length
+
+
+def _check_limits(max_decode_steps: int, batch_size: int, prefill_chunk: int = 0) -> None:
     if max_decode_steps < 1:
         raise UserError(f"--max_decode_steps={max_decode_steps}: must be at least 1")
     if batch_size < 1:
         raise UserError(f"--decode_batch_size={batch_size}: must be at least 1")
+    if prefill_chunk < 0:
+        raise UserError(f"--prefill_chunk_len={prefill_chunk}: must be >= 0 (0: the whole "
+                        f"prompt at once)")
 
 
 def _program(model: inference.InferenceModel, inputs: tuple, *, steps: int,
-             eos_id: int | None, options: SamplingOptions):
+             eos_id: int | None, options: SamplingOptions, prefill_chunk: int):
     """The compiled generation program for these input shapes, compiled once per model."""
     batch, prompt_len = inputs[1].shape
-    key = (batch, prompt_len, steps, eos_id, dataclasses.replace(options, seed=0))
+    key = (batch, prompt_len, steps, eos_id, dataclasses.replace(options, seed=0),
+           prefill_chunk)
     if key not in model.programs:
         began = time.perf_counter()
         generate = make_generate(
             model.arch, mesh=model.mesh, param_shardings=model.param_shardings, batch=batch,
             prompt_len=prompt_len, steps=steps, max_seq_len=model.max_seq_len, eos_id=eos_id,
-            options=options)
+            options=options, prefill_chunk=prefill_chunk)
         with jax.set_mesh(model.mesh):
             model.programs[key] = generate.lower(*inputs).compile()
         log(f"compiled generation for {batch} x {prompt_len}-token prompts in "

@@ -1,7 +1,10 @@
 """Token generation on the devices: prefill, then one token per step, in one jitted loop.
 
 `make_generate` compiles, for one batch shape, a function (params, prompts) -> tokens that
-runs the prompt through the cached decoder (layers/cached_lm.py), then picks a token,
+runs the prompt through the cached decoder (layers/cached_lm.py), a chunk of
+`prefill_chunk` tokens at a time (chunked prefill: each chunk attends to the cache so far,
+so a long prompt's attention scores and activations exist for one chunk at a time, not for
+the whole prompt at once), then picks a token,
 feeds it back and repeats inside `lax.while_loop` until every row has stopped: no host
 round trip per token. A row stops at EOS, after `steps` tokens, or when prompt plus
 continuation fill the model's context (MAX_SEQ_LEN input tokens).
@@ -73,11 +76,39 @@ def select_tokens(logits, keys, options: SamplingOptions):
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
 
+def prefill(arch: Architecture, weights: dict, prompts, positions, cache: list[dict],
+            first_slot, chunk: int):
+    """Run the left-padded prompts [B, P] through the cached decoder into slots 0 .. P-1,
+    `chunk` tokens at a time (0, or P or more: at once). Returns (the last slot's hidden
+    state [B, D], the cache)."""
+    prompt_len = prompts.shape[1]
+    if not chunk or chunk >= prompt_len:
+        hidden, cache = cached_lm.forward(arch, weights, prompts, positions, cache, 0,
+                                          first_slot)
+        return hidden[:, -1], cache
+    if prompt_len % chunk:
+        raise ValueError(f"a prefill chunk of {chunk} tokens does not divide {prompt_len}")
+
+    def one_chunk(index, carry):
+        start = index * chunk
+        piece = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=1)  # noqa: E731
+        hidden, cache = cached_lm.forward(arch, weights, piece(prompts), piece(positions),
+                                          carry[1], start, first_slot)
+        return hidden[:, -1], cache
+
+    # The first chunk outside the loop gives the carry its shape.
+    carry = one_chunk(0, (None, cache))
+    return jax.lax.fori_loop(1, prompt_len // chunk, one_chunk, carry)
+
+
 def make_generate(arch: Architecture, *, mesh: Mesh, param_shardings, batch: int,
                   prompt_len: int, steps: int, max_seq_len: int, eos_id: int | None,
-                  options: SamplingOptions):
+                  options: SamplingOptions, prefill_chunk: int = 0):
     """A jitted generate(params, prompts [B, P], lengths [B], rows [B], seed) -> tokens
     [B, steps].
+
+    `prefill_chunk`: the prompt enters the cache this many tokens at a time (it must divide
+    P); 0, or P or more, runs it in one pass.
 
     Prompts are left-padded: row b's `lengths[b]` tokens end at slot P - 1. `rows` are the
     prompts' indices and `seed` the sampling seed (options.seed is not used: one program
@@ -93,8 +124,8 @@ def make_generate(arch: Architecture, *, mesh: Mesh, param_shardings, batch: int
         first_slot = prompt_len - lengths  # [B]
         cache = cached_lm.init_cache(arch, batch, prompt_len + steps - 1, dtype)
         positions = jnp.maximum(jnp.arange(prompt_len)[None, :] - first_slot[:, None], 0)
-        hidden, cache = cached_lm.forward(arch, weights, prompts, positions, cache, 0,
-                                          first_slot)
+        last_hidden, cache = prefill(arch, weights, prompts, positions, cache, first_slot,
+                                     prefill_chunk)
         row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
             jax.random.key(seed), rows)
         # Token j is predicted from prompt + j tokens, which must fit the context.
@@ -110,7 +141,7 @@ def make_generate(arch: Architecture, *, mesh: Mesh, param_shardings, batch: int
             return token, out, done
 
         out = jnp.full((batch, steps), STOPPED, jnp.int32)
-        token, out, done = emit(0, hidden[:, -1], out, jnp.zeros(batch, bool))
+        token, out, done = emit(0, last_hidden, out, jnp.zeros(batch, bool))
 
         def body(state):
             step, token, cache, out, done = state
