@@ -83,6 +83,11 @@ class GLaMBase(BaseExperiment):
         if self.ATTENTION_IMPL != "praxis":
             raise UserError(f"ATTENTION_IMPL={self.ATTENTION_IMPL!r}: GLaM's attention has "
                             f"relative position biases, which only 'praxis' computes")
+        if self.num_stages() > 1:
+            raise UserError(f"{self.num_stages()} pipeline stages: praxis's GShard layer routes "
+                            f"in groups over every data axis, the stages' included (Pax's GLaM "
+                            f"has no pipeline); use a three-entry ICI_MESH_SHAPE, or a Llama "
+                            f"family mixture (NUM_EXPERTS on experiments.LlamaBase)")
         if self.USE_LORA:
             raise UserError("USE_LORA: GLaM's attention projections keep their heads combined "
                             "([D, N*H], GShard's layout), which layers/lora.py's adapters do not "

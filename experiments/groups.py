@@ -282,10 +282,12 @@ class MixtureOfExperts(Group):
             raise UserError(f"USE_LORA on a mixture of experts: adapters go on attention only; "
                             f"set LORA_TARGET_LAYERS='attention' (is "
                             f"{self.LORA_TARGET_LAYERS!r})")
-        if self.num_stages() > 1:
-            raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} with pipeline stages is not "
-                                f"supported (the experts' all_to_all inside praxis's "
-                                f"pipeline); use a three-entry ICI_MESH_SHAPE")
+        blocks = self.num_stages() * self.CIRCULAR_REPEAT  # of layers, in the pipeline
+        if self.NUM_LAYERS % (blocks * self.MOE_LAYER_INTERVAL):
+            raise UserError(f"MOE_LAYER_INTERVAL={self.MOE_LAYER_INTERVAL} over {blocks} "
+                            f"pipeline blocks of NUM_LAYERS={self.NUM_LAYERS}: every block "
+                            f"must hold whole runs of {self.MOE_LAYER_INTERVAL} layers; make "
+                            f"NUM_LAYERS a multiple of {blocks * self.MOE_LAYER_INTERVAL}")
 
 
 class Pipeline(Group):

@@ -192,6 +192,8 @@ class MoeFeedForward(base_layer.BaseLayer):
         or "padded" (batched over a buffer of each expert's capacity; needs one).
       expert_axis: the mesh axis the experts are split over (None: replicated).
       tensor_axis: the mesh axis each expert's hidden dimension is split over.
+      batch_axes: the mesh axes the tokens' batch dimension is split over (inside a
+        pipeline stage not `stage`, which praxis's pipeline maps the stages over).
     """
 
     input_dims: int = 0
@@ -208,6 +210,7 @@ class MoeFeedForward(base_layer.BaseLayer):
     backend: str = "ragged_dot"
     expert_axis: str | None = "data"
     tensor_axis: str | None = "mdl"
+    batch_axes: tuple[str, ...] = BATCH_AXES
     ln_tpl: pax_fiddle.Config = template_field(normalizations.RmsNorm)
     activation_tpl: pax_fiddle.Config = template_field(activations.SiLU)
     add_skip_connection: bool = True
@@ -326,7 +329,7 @@ class MoeFeedForward(base_layer.BaseLayer):
         sizes = dict(mesh.shape)
         shards = sizes[self.expert_axis] if self.expert_axis else 1
         tensor = self.tensor_axis if self.tensor_axis and sizes[self.tensor_axis] > 1 else None
-        batch_shards = math.prod(sizes[a] for a in BATCH_AXES)
+        batch_shards = math.prod(sizes[a] for a in self.batch_axes)
         local_assignments = (b // batch_shards) * length * k
         buffer_rows = local_assignments
         if self.capacity_factor > 0:  # kept assignments per owner are bounded by capacity
@@ -339,10 +342,10 @@ class MoeFeedForward(base_layer.BaseLayer):
                 w_gate, w_up, w_down, num_experts=e, activation=activation,
                 expert_axis=self.expert_axis, expert_shards=shards, tensor_axis=tensor,
                 buffer_rows=buffer_rows, padded_rows=bl * padded)
-            overflow = jax.lax.psum(overflow, BATCH_AXES)
+            overflow = jax.lax.psum(overflow, self.batch_axes)
             return out.reshape(bl, length, d), overflow
 
-        tokens = P(BATCH_AXES, None, None)
+        tokens = P(self.batch_axes, None, None)
         expert_in = P(self.expert_axis, None, self.tensor_axis)
         expert_out = P(self.expert_axis, self.tensor_axis, None)
         return jax.shard_map(

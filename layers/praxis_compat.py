@@ -90,14 +90,16 @@ from praxis.layers import pipeline as _pipeline  # noqa: E402
 
 class _PipelineFlax:
     """flax.linen as praxis.layers.pipeline sees it: vmap drops the spmd axis of the
-    circular repeats' vmap (the one whose metadata carries 'x_times')."""
+    circular repeats' vmap (the one whose unsharded dimension its metadata says: (None,)).
+    The stages' vmap keeps it: the stage dimension of everything inside stays on the stage
+    axis (without it, every sharding constraint inside would replicate that dimension)."""
 
     def __getattr__(self, name):
         return getattr(_nn, name)
 
     @staticmethod
     def vmap(target, *args, metadata_params=None, spmd_axis_name=None, **kwargs):
-        if metadata_params and "x_times" in metadata_params:
+        if (metadata_params or {}).get("sub_weight_split_dims_mapping") == (None,):
             spmd_axis_name = None
         return _nn.vmap(target, *args, metadata_params=metadata_params,
                         spmd_axis_name=spmd_axis_name, **kwargs)

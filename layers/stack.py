@@ -9,7 +9,6 @@ is unsharded: the runtime adds sharding last (runner/state/partitioning.py), wha
 layer classes the template holds.
 """
 
-
 import jax.numpy as jnp
 from praxis import base_layer, pax_fiddle
 from praxis.layers import (
@@ -20,6 +19,7 @@ from praxis.layers import (
     transformers,
 )
 
+from core.mesh_axes import BATCH_AXES
 from layers.softmax import ChunkedFullSoftmax
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -27,7 +27,6 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 def gaussian(std: float) -> pax_fiddle.Config:
     return pax_fiddle.Config(base_layer.WeightInit, method="gaussian", scale=std)
-
 
 
 def rematerialise(stack: pax_fiddle.Config, checkpoint_policy_name: str) -> None:
@@ -100,8 +99,18 @@ def pipelined(stack: pax_fiddle.Config, *, num_stages: int, circular_repeat: int
     stage = stack.clone()
     if issubclass(stack.cls, transformers.StackedTransformerRepeated):
         stage.x_times = stack.x_times // blocks
+        block = stage.block
     else:
         stage.num_layers = stack.num_layers // blocks
+        if stage.moe_layers:  # experts every Nth layer: a block's own indices (N divides it)
+            stage.moe_layers = [i for i in stage.moe_layers if i < stage.num_layers]
+        block = stage
+    # praxis maps the layers of a stage over the stage axis (vmap): a layer that splits its
+    # tokens over the batch axes itself (layers/moe.py, in shard_map) leaves that axis out.
+    for template in (transformer_layer_template(stage).tr_fflayer_tpl,
+                     getattr(block, "moe_layer_tpl", None)):
+        if template is not None and hasattr(template.cls, "batch_axes"):
+            template.batch_axes = tuple(a for a in BATCH_AXES if a != "stage")
     return pax_fiddle.Config(
         transformers.PipelinedTransformer,
         pipeline_stage=stage, num_pipeline_stages=num_stages, circular_repeat=circular_repeat,

@@ -233,6 +233,7 @@ def env(tmp_path_factory):
 CONTEXT_MESH = dict(ICI_MESH_SHAPE=[1, 1, 2, 4, 1])
 
 
+@pytest.mark.process
 @pytest.mark.slow  # about 25 s; tests/test_checkpoints_process.py does the same without it
 def test_a_run_with_a_context_axis_killed_after_a_checkpoint_resumes_bitwise(tmp_path, env):
     out, _ = assert_sigkill_then_rerun_matches_an_uninterrupted_run(

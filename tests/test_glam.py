@@ -289,6 +289,8 @@ def test_the_runtime_shards_glam_as_paxs_set_sharding_params_v1():
     (dict(Z_LOSS_WEIGHT=-1.0), "Z_LOSS_WEIGHT=-1.0 must be >= 0"),
     (dict(ATTENTION_IMPL="cudnn"), "relative position biases, which only 'praxis' computes"),
     (dict(USE_LORA=True, LORA_TARGET_LAYERS="attention"), "USE_LORA: GLaM's attention"),
+    (dict(ICI_MESH_SHAPE=[2, 2, 2, 1], NUM_MICROBATCHES=2),
+     "2 pipeline stages: praxis's GShard layer routes in groups"),
     (dict(LAYERNORM_EPSILON=1e-6), "do not read LAYERNORM_EPSILON; leave it at 1e-05"),
     (dict(USE_BIAS=False), "do not read USE_BIAS"),
     (dict(MOE_LAYER_INTERVAL=2), "do not read MOE_LAYER_INTERVAL"),

@@ -311,7 +311,8 @@ def test_accumulated_sub_batches_train_like_one_pass(tmp_path):
     (dict(MOE_BACKEND="padded"), "set CAPACITY_FACTOR > 0"),
     (dict(USE_FP8=True), "USE_FP8"),
     (dict(USE_LORA=True), "LORA_TARGET_LAYERS='attention'"),
-    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2), "pipeline stages"),
+    (dict(ICI_MESH_SHAPE=[2, 1, 4, 1], NUM_MICROBATCHES=2, NUM_LAYERS=2, MOE_LAYER_INTERVAL=2),
+     "every block must hold whole runs of 2 layers; make NUM_LAYERS a multiple of 4"),
 ])
 def test_bad_moe_settings_get_one_line(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:

@@ -91,6 +91,7 @@ def moe_job(tmp_path_factory, env):
 SIGKILL_FLAGS = [EXPERIMENT, *model_flags(VOCAB_SIZE=None), *fdl_flags(**MOE)]
 
 
+@pytest.mark.process
 @pytest.mark.slow  # about 28 s; tests/test_checkpoints_process.py does the same for Tiny quickly
 def test_a_mixture_killed_after_a_checkpoint_resumes_bitwise(tmp_path, env):
     out, state = assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env,

@@ -3,8 +3,9 @@
 The pipelined model is checked against the plain one, an independent program (no
 pipeline loop, no stage axis): from the same parameters (relaid by layers/layer_layout.py)
 both train 5 steps on the same batches and must give the same losses. Each family (the Pax
-GPT, the Llama-style model with grouped-query attention) runs on [2 stages, 2 data, 2
-model] against the unpipelined [4 data, 2 model].
+GPT, the Llama-style model with grouped-query attention, a dropless mixture of experts, its
+experts split over the data axis) runs on [2 stages, 2 data, 2 model] against the
+unpipelined [4 data, 2 model].
 """
 
 import jax
@@ -28,10 +29,19 @@ PIPELINED = dict(ICI_MESH_SHAPE=[2, 1, 2, 2], NUM_MICROBATCHES=2)
 PLAIN = dict(ICI_MESH_SHAPE=[1, 4, 2])
 
 
+# Dropless experts in every layer, their router losses off: these are statistics of a
+# (micro)batch, which the pipeline computes per microbatch (see the test below).
+MIXTURE = dict(NUM_KV_HEADS=2, LAMBADA_EVAL=False, NUM_EXPERTS=4, NUM_EXPERTS_PER_TOKEN=2,
+               MOE_HIDDEN_DIMS=32, LOAD_BALANCING_WEIGHT=0.0, ROUTER_Z_LOSS_WEIGHT=0.0)
+
+
 @pytest.mark.parametrize("experiment, overrides", [
     (experiments.BaseExperiment, {}),
     (LlamaTiny, dict(NUM_KV_HEADS=2, LAMBADA_EVAL=False)),
-], ids=["gpt", "llama-gqa"])
+    (LlamaTiny, MIXTURE),
+    pytest.param(LlamaTiny, dict(MIXTURE, NUM_LAYERS=4, MOE_LAYER_INTERVAL=2,
+                                 USE_REPEATED_LAYER=True), marks=pytest.mark.slow),
+], ids=["gpt", "llama-gqa", "llama-moe", "llama-moe-every-2nd-repeated"])
 def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, overrides):
     plain = make_trainer(tmp_path / "plain", experiment=experiment, **TRAIN, **overrides,
                          **PLAIN)
@@ -51,6 +61,24 @@ def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, ove
     assert got == pytest.approx(expected, rel=1e-4)
     # The weights moved: a pipeline that dropped the layers' updates would still match step 1.
     assert abs(expected[-1] - expected[0]) > 1e-3
+
+
+def test_router_losses_enter_the_pipelined_loss(tmp_path):
+    """The experts' load-balancing loss, an aux loss of each mixture layer, enters the
+    pipelined loss as it enters the plain one: the first step's loss rises by about the
+    same amount (the pipeline averages it over microbatches, the plain run takes it over
+    the batch)."""
+    def rise(name, mesh):
+        first = {weight: run_steps(make_trainer(
+            tmp_path / f"{name}{weight}", experiment=LlamaTiny,
+            **{**TRAIN, **MIXTURE, **mesh, "LOAD_BALANCING_WEIGHT": weight}), 1)[0][0]
+            for weight in (0.0, 0.5)}
+        return first[0.5] - first[0.0]
+
+    plain, pipelined = rise("plain", PLAIN), rise("pipelined", PIPELINED)
+    # 0.5 x 2 layers x a balance loss E * sum(f * p) near its minimum, k = 2
+    assert plain > 1.5
+    assert pipelined == pytest.approx(plain, rel=0.1)
 
 
 def test_bubble_fraction_of_gpipe_and_the_circular_schedule():

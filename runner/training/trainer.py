@@ -127,8 +127,8 @@ class Trainer:
         # Parameters the optimizer freezes (USE_LORA: all but the adapters) get no gradient.
         params = optimizer.stop_frozen_gradients(self.tx, params)
         # Summaries carry the step metrics. praxis's pipeline fails to unpack them for some
-        # schedules (GPT175BPipelined's), and no layer reporting them runs in one (a mixture
-        # of experts refuses pipeline stages).
+        # schedules (GPT175BPipelined's): a pipelined run reports none (its mixture-of-experts
+        # layers' router losses still enter the loss, as aux losses).
         mutable = [base_layer.AUX_LOSS] + ([base_layer.SUMMARIES] if self.run.pipeline is None
                                            else [])
         with praxis_context(do_eval=False):
