@@ -63,6 +63,7 @@ def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, ove
     assert abs(expected[-1] - expected[0]) > 1e-3
 
 
+@pytest.mark.slow  # four trainers: about 25 s
 def test_router_losses_enter_the_pipelined_loss(tmp_path):
     """The experts' load-balancing loss, an aux loss of each mixture layer, enters the
     pipelined loss as it enters the plain one: the first step's loss rises by about the
