@@ -341,6 +341,7 @@ def test_decode_of_an_fp8_run_reads_its_weights(fp8_job, bf16_twin):
 ACCUMULATED_STEPS = 6
 
 
+@pytest.mark.slow  # about 40 s on 2 cores: the quick loop stays under 15 minutes
 def test_accumulated_fp8_steps_take_the_whole_batchs_amax(runs, tmp_path):
     """GRADIENT_ACCUMULATION_STEPS=2 runs the K=1 FP8 run's steps.
 
