@@ -207,7 +207,7 @@ def _padded_length(longest: int, max_seq_len: int, prefill_chunk: int) -> int:
     return length
 
 
-def _check_limits(max_decode_steps: int, batch_size: int, prefill_chunk: int = 0) -> None:
+def _check_limits(max_decode_steps: int, batch_size: int, prefill_chunk: int) -> None:
     if max_decode_steps < 1:
         raise UserError(f"--max_decode_steps={max_decode_steps}: must be at least 1")
     if batch_size < 1:
