@@ -226,12 +226,19 @@ def _program(compiled) -> list[str]:
             for line in compiled.as_text().splitlines() if " = " in line]
 
 
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
 def _resident_after_reset() -> int | None:
     """Current resident bytes, after resetting the high-water mark (None where Linux's
     /proc/self/clear_refs is not writable)."""
-    # Memory the earlier tests of this worker freed but the C allocator kept would be reused
-    # without the process growing: hand it back first (seen under two busy test workers).
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    # The step's buffers must come from fresh pages for the process to grow by them. glibc
+    # serves a large block from its heap, reusing what earlier tests freed, once its
+    # mmap threshold has risen with use (ratios of 0.6 to 1.5 seen in CI); a fixed threshold
+    # maps every block of 128 KiB or more anew, and malloc_trim hands back the freed heap.
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    libc.malloc_trim(0)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
