@@ -11,7 +11,8 @@ experiment and graph (bench/gpu_check.sh --dry-run checks its command lines that
 
 The mixture-of-experts rows are chosen by name only (bench/rows.py MOE_CONFIGS): Qwen3A3B_moe
 (Qwen3MoE30B_A3B cut to 4 layers), Qwen3A3B_dense (the same with one dense feed-forward of a
-token's width, k x MOE_HIDDEN_DIMS) and GLaM126M64E (PileGLaM126M64E, all 64 experts, its
+token's width, k x MOE_HIDDEN_DIMS), Qwen3A3B_tokamax and Qwen3A3B_padded (the MoE by other
+backends) and GLaM126M64E (PileGLaM126M64E, all 64 experts, its
 attention praxis's whatever --impls says, which "auto" shows as auto>praxis). Their MFU
 counts a token's active parameters (expert weights x k / E), as "active_params" in the JSON.
 
@@ -44,7 +45,7 @@ times the raw GEMMs.
     python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas,cudnn --steps 20
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
-    python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_padded,GLaM126M64E --impls auto
+    python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E --impls auto
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/gpu_bench.py --steps 2
 """
 

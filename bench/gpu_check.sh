@@ -154,10 +154,10 @@ part_speed() {
 
 part_moe() {
     # The dropless MoE and its dense peer first (their tokens/s ratio is the key figure),
-    # the MoE's padded backend, then GLaM on praxis's GShard layers (its attention:
-    # praxis, which auto resolves to).
+    # the same MoE by tokamax's kernels, its padded backend, then GLaM on praxis's GShard
+    # layers (its attention: praxis, which auto resolves to).
     run moe.log bench/gpu_bench.py \
-        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_padded,GLaM126M64E \
+        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E \
         --impls auto "${BENCH_STEPS[@]}" --timeout 100 --json "$out/moe.json"
 }
 

@@ -21,6 +21,9 @@ CONFIGS = {
     # (HIDDEN_DIMS = k x MOE_HIDDEN_DIMS; the router's 4 x 262,144 are the difference).
     "Qwen3A3B_moe": (QWEN3_4_LAYERS, "fsdp"),
     "Qwen3A3B_dense": ({**QWEN3_4_LAYERS, "NUM_EXPERTS": 0, "HIDDEN_DIMS": 8 * 768}, "fsdp"),
+    # The same grouped matmuls by tokamax's Pallas kernels (its Mosaic GPU kernel on an
+    # H100), where XLA:GPU's ragged_dot may be the dense lowering above.
+    "Qwen3A3B_tokamax": ({**QWEN3_4_LAYERS, "MOE_BACKEND": "tokamax"}, "fsdp"),
     # The same mixture with a capacity, its experts as batched matmuls over each expert's
     # capacity ("padded"): planned with 12.5 GiB of temporaries where ragged_dot's dense
     # lowering by XLA:GPU (jax 0.10.2) plans 27.7 (docs/guides/moe.md).
@@ -31,15 +34,17 @@ CONFIGS = {
     "GLaM126M64E": ({**SYNTHETIC, "ATTENTION_IMPL": "praxis"}, "fsdp"),
 }
 ROW_EXPERIMENT = {"Qwen3A3B_moe": "Qwen3MoE30B_A3B", "Qwen3A3B_dense": "Qwen3MoE30B_A3B",
-                  "Qwen3A3B_padded": "Qwen3MoE30B_A3B", "GLaM126M64E": "PileGLaM126M64E"}
-MOE_CONFIGS = ("Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_padded", "GLaM126M64E")
+                  "Qwen3A3B_tokamax": "Qwen3MoE30B_A3B", "Qwen3A3B_padded": "Qwen3MoE30B_A3B",
+                  "GLaM126M64E": "PileGLaM126M64E"}
+MOE_CONFIGS = ("Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_tokamax", "Qwen3A3B_padded",
+               "GLaM126M64E")
 # The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
 TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
 TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,
             MAX_SEQ_LEN=128, VOCAB_SIZE=512, PERCORE_BATCH_SIZE=1)
 # With --tiny, on top of TINY: the dense peer's HIDDEN_DIMS stays k x MOE_HIDDEN_DIMS.
-TINY_ROW = {"Qwen3A3B_moe": {"MOE_HIDDEN_DIMS": 256 // 8},
-            "Qwen3A3B_padded": {"MOE_HIDDEN_DIMS": 256 // 8}}
+TINY_ROW = {name: {"MOE_HIDDEN_DIMS": 256 // 8}
+            for name in ("Qwen3A3B_moe", "Qwen3A3B_tokamax", "Qwen3A3B_padded")}
 
 
 def experiment(name: str, impl: str, *, tiny: bool, devices: int,

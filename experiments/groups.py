@@ -6,6 +6,7 @@ UPPER_CASE attribute of an experiment (`exp.NUM_LAYERS`, `--fdl.NUM_LAYERS=`), a
 listed there. The machinery is experiments/hyperparameters.py.
 """
 
+import importlib.util
 import math
 
 from core import batch, mesh_axes, sequence_order
@@ -42,9 +43,9 @@ CHOICES = {
     # The mesh axis the experts are split over (layers/moe.py).
     "EXPERT_AXIS": ("data", "replica", "none"),
 }
-# layers/moe.py's grouped matmuls, and those other projects use that Paxloom has not wired in.
-MOE_BACKENDS = ("ragged_dot", "padded")
-_OTHER_MOE_BACKENDS = {"tokamax": "tokamax's ragged_dot", "te": "Transformer Engine's grouped GEMM",
+# Grouped matmuls other projects use that Paxloom has not wired in (layers/moe.py BACKENDS
+# has those it has).
+_OTHER_MOE_BACKENDS = {"te": "Transformer Engine's grouped GEMM",
                        "megablox": "MaxText's megablox kernel"}
 
 
@@ -226,7 +227,7 @@ class MixtureOfExperts(Group):
     CAPACITY_FACTOR: float = 0.0  # 0: dropless; > 0: per-sequence expert capacity (drops)
     LOAD_BALANCING_WEIGHT: float = 0.01  # Switch/Mixtral load-balancing loss, per MoE layer
     ROUTER_Z_LOSS_WEIGHT: float = 0.0  # ST-MoE router z-loss, per MoE layer
-    MOE_BACKEND: str = "ragged_dot"  # the grouped matmul
+    MOE_BACKEND: str = "ragged_dot"  # the grouped matmul: ragged_dot, tokamax, padded
     EXPERT_AXIS: str = "data"  # the mesh axis the experts are split over ("none": replicated)
 
     def expert_shards(self) -> int:
@@ -239,10 +240,15 @@ class MixtureOfExperts(Group):
         if self.NUM_EXPERTS < 0:
             raise UserError(f"NUM_EXPERTS={self.NUM_EXPERTS} must be >= 0 (0: a dense "
                             f"feed-forward)")
-        if self.MOE_BACKEND not in MOE_BACKENDS:
+        from layers.moe import BACKENDS
+
+        if self.MOE_BACKEND not in BACKENDS:
             what = _OTHER_MOE_BACKENDS.get(self.MOE_BACKEND, "an unknown grouped matmul")
             raise UserError(f"MOE_BACKEND={self.MOE_BACKEND!r}: {what} is not wired into "
-                            f"Paxloom; use one of {', '.join(MOE_BACKENDS)}")
+                            f"Paxloom; use one of {', '.join(BACKENDS)}")
+        if self.MOE_BACKEND == "tokamax" and not importlib.util.find_spec("tokamax"):
+            raise UserError("MOE_BACKEND='tokamax': tokamax is not installed; pip install "
+                            "'.[moe]' (tokamax==0.0.12), or use MOE_BACKEND='ragged_dot'")
         if self.MOE_BACKEND == "padded" and self.NUM_EXPERTS and self.CAPACITY_FACTOR <= 0:
             raise UserError("MOE_BACKEND='padded' computes each expert over a buffer of its "
                             "capacity; set CAPACITY_FACTOR > 0 (e.g. 1.25), or use "

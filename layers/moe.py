@@ -13,7 +13,9 @@ ceil(capacity_factor * L * k / E) assignments of each sequence (the top-1 choice
 the top-2, earlier tokens first); the rest are dropped, as GShard's capacity does, and
 `backend="padded"` may compute the experts as batched matmuls over a buffer of each
 expert's capacity instead (`expert_mlp`): XLA:GPU in jax 0.10.2 lowers `ragged_dot` to one
-dense matmul over every expert (docs/guides/moe.md).
+dense matmul over every expert (docs/guides/moe.md). `backend="tokamax"` runs the same
+grouped matmuls with tokamax's `ragged_dot` (an optional extra, `pip install .[moe]`),
+which picks its Pallas grouped-GEMM kernels on GPUs and XLA's `ragged_dot` elsewhere.
 
 Expert parallelism: the experts' weights are split over the mesh axis `expert_axis`
 (`data` by default, like praxis's GLaM sharding) and their hidden dimension over the
@@ -44,7 +46,7 @@ from core.step_metrics import report_step_metric
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
 # The experts' matmuls (`expert_mlp`); experiments/groups.py MOE_BACKENDS lists the same.
-BACKENDS = ("ragged_dot", "padded")
+BACKENDS = ("ragged_dot", "padded", "tokamax")
 # The per-expert weights ([E, ...]) of this layer and of praxis's GShard layer (GLaM), by
 # parameter name inside a decoder layer's `ff_layer`: a token uses k of their E slices.
 EXPERT_WEIGHTS = ("wi_gate", "wi_up", "wo", "wi_0", "wi_gate_0", "wo_0")
@@ -76,28 +78,46 @@ def capacity_keep(experts: jax.Array, live: jax.Array, num_experts: int,
     return jnp.swapaxes(fits.reshape(b, k, length), 1, 2)
 
 
-def grouped_mlp(rows, group_sizes, w_gate, w_up, w_down, activation):
+def grouped_matmul(backend: str):
+    """The ragged_dot(rows [R, D], weights [E, D, H], group_sizes [E]) of a backend."""
+    if backend == "tokamax":
+        import tokamax  # the optional [moe] extra; experiments/groups.py checks it is there
+        from absl import flags
+
+        # tokamax reads its settings from absl flags and, where no program parsed them,
+        # parses sys.argv itself, which fails on other programs' arguments (a script with
+        # argparse, bench/gpu_bench.py): take its defaults there.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        return tokamax.ragged_dot
+    return jax.lax.ragged_dot
+
+
+def grouped_mlp(rows, group_sizes, w_gate, w_up, w_down, activation,
+                ragged_dot=jax.lax.ragged_dot):
     """act(rows @ w_gate[e]) * (rows @ w_up[e]) @ w_down[e] for each row's expert e.
 
     `rows` [R, D] are sorted by expert, `group_sizes` [E] count them; rows past the sum
     of `group_sizes` come out zero."""
-    gate = jax.lax.ragged_dot(rows, w_gate, group_sizes)
-    up = jax.lax.ragged_dot(rows, w_up, group_sizes)
-    return jax.lax.ragged_dot(activation(gate) * up, w_down, group_sizes)
+    gate = ragged_dot(rows, w_gate, group_sizes)
+    up = ragged_dot(rows, w_up, group_sizes)
+    return ragged_dot(activation(gate) * up, w_down, group_sizes)
 
 
-def expert_mlp(rows, ids, num_experts, w_gate, w_up, w_down, activation, padded_rows=0):
+def expert_mlp(rows, ids, num_experts, w_gate, w_up, w_down, activation, padded_rows=0,
+               ragged_dot=jax.lax.ragged_dot):
     """`grouped_mlp` of `rows` [R, D] sorted by their expert `ids` [R] (id `num_experts`:
-    computes nothing, comes out zero), by one of two backends:
+    computes nothing, comes out zero), by one of two ways:
 
-    - padded_rows = 0, "ragged_dot": grouped matmuls over exactly the rows there are;
+    - padded_rows = 0 ("ragged_dot", "tokamax"): grouped matmuls over exactly the rows
+      there are, by `ragged_dot`;
     - padded_rows = C > 0, "padded": each expert's rows in a [E, C, D] buffer and batched
       matmuls over it (MaxText's and GShard's dense dispatch). The caller guarantees no
       expert has more than C rows (a capacity path); padding rows compute zeros.
     """
     if not padded_rows:
         return grouped_mlp(rows, jnp.bincount(ids, length=num_experts), w_gate, w_up, w_down,
-                           activation)
+                           activation, ragged_dot)
     counts = jnp.bincount(ids, length=num_experts)
     start = jnp.cumsum(counts) - counts
     rank = jnp.arange(ids.size) - start[jnp.minimum(ids, num_experts - 1)]
@@ -112,14 +132,15 @@ def expert_mlp(rows, ids, num_experts, w_gate, w_up, w_down, activation, padded_
 
 
 def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, activation,
-                   expert_axis, expert_shards, tensor_axis, buffer_rows, padded_rows=0):
+                   expert_axis, expert_shards, tensor_axis, buffer_rows, padded_rows=0,
+                   ragged_dot=jax.lax.ragged_dot):
     """The MoE output [T, D] of tokens `x` [T, D] whose assignments are `experts` and
     `weights` [T, k] (a dropped assignment has expert id `num_experts`), on one shard.
 
     With `expert_shards` > 1 this runs inside shard_map: `w_*` hold this shard's
     experts, and assignments travel to their owners over `expert_axis` in buffers of
     `buffer_rows` rows per peer. `padded_rows` > 0 (the "padded" backend): each expert's
-    capacity for the tokens of one shard. Returns (output, number of assignments that did
+    capacity for the tokens of one shard; otherwise `ragged_dot` computes them. Returns (output, number of assignments that did
     not fit).
     """
     tokens, k = experts.shape
@@ -130,7 +151,7 @@ def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, ac
     overflow = jnp.zeros((), jnp.int32)
     if expert_shards == 1:
         out_sorted = expert_mlp(rows, sorted_experts, num_experts, w_gate, w_up, w_down,
-                                activation, padded_rows)
+                                activation, padded_rows, ragged_dot)
         if tensor_axis:
             out_sorted = jax.lax.psum(out_sorted, tensor_axis)
     else:
@@ -157,7 +178,8 @@ def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, ac
         local_order = jnp.argsort(received_ids, stable=True)
         # A local expert receives from every shard: expert_shards x the capacity per shard.
         out = expert_mlp(received[local_order], received_ids[local_order], local_experts,
-                         w_gate, w_up, w_down, activation, expert_shards * padded_rows)
+                         w_gate, w_up, w_down, activation, expert_shards * padded_rows,
+                         ragged_dot)
         if tensor_axis:
             out = jax.lax.psum(out, tensor_axis)
         out = jnp.zeros_like(out).at[local_order].set(out)
@@ -188,8 +210,9 @@ class MoeFeedForward(base_layer.BaseLayer):
       shared_hidden_dims: > 0: a shared expert of this hidden width that every token
         goes through (Qwen2-MoE), its output added to the routed experts'.
       gate_shared_expert: the shared expert's output is scaled by sigmoid(x @ w).
-      backend: the experts' matmuls: "ragged_dot" (grouped, over exactly the rows routed)
-        or "padded" (batched over a buffer of each expert's capacity; needs one).
+      backend: the experts' matmuls: "ragged_dot" (grouped, over exactly the rows routed),
+        "tokamax" (the same by tokamax's kernels) or "padded" (batched over a buffer of
+        each expert's capacity; needs one).
       expert_axis: the mesh axis the experts are split over (None: replicated).
       tensor_axis: the mesh axis each expert's hidden dimension is split over.
       batch_axes: the mesh axes the tokens' batch dimension is split over (inside a
@@ -315,6 +338,7 @@ class MoeFeedForward(base_layer.BaseLayer):
         theta = self.theta
         mesh = jax.sharding.get_abstract_mesh()
         activation = self.activation
+        ragged_dot = grouped_matmul(self.backend)
         # "padded": an expert takes at most its per-sequence capacity from each sequence.
         per_sequence = math.ceil(self.capacity_factor * length * k / e)
         padded = per_sequence if self.backend == "padded" else 0
@@ -323,7 +347,7 @@ class MoeFeedForward(base_layer.BaseLayer):
                 x.reshape(-1, d), routed.reshape(-1, k), routed_weights.reshape(-1, k),
                 theta.wi_gate, theta.wi_up, theta.wo, num_experts=e, activation=activation,
                 expert_axis=None, expert_shards=1, tensor_axis=None, buffer_rows=0,
-                padded_rows=b * padded)
+                padded_rows=b * padded, ragged_dot=ragged_dot)
             return out.reshape(b, length, d), overflow
         P = jax.sharding.PartitionSpec
         sizes = dict(mesh.shape)
@@ -341,7 +365,7 @@ class MoeFeedForward(base_layer.BaseLayer):
                 x.reshape(-1, d), routed.reshape(-1, k), routed_weights.reshape(-1, k),
                 w_gate, w_up, w_down, num_experts=e, activation=activation,
                 expert_axis=self.expert_axis, expert_shards=shards, tensor_axis=tensor,
-                buffer_rows=buffer_rows, padded_rows=bl * padded)
+                buffer_rows=buffer_rows, padded_rows=bl * padded, ragged_dot=ragged_dot)
             overflow = jax.lax.psum(overflow, self.batch_axes)
             return out.reshape(bl, length, d), overflow
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from bench.rows import MOE_CONFIGS
 from tests.support.processes import run_python
 
 
@@ -49,23 +50,23 @@ def test_gpu_benchmark_fp8_rows_and_gemm_script_on_cpu(tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.slow  # 25-30 s on 2 cores: four fresh processes
+@pytest.mark.slow  # 30-40 s on 2 cores: five fresh processes
 def test_gpu_benchmark_moe_rows_count_active_parameters_on_cpu(tmp_path):
     """bench/gpu_check.sh's moe rows in their CPU mode (tiny shapes): each measures; the
     MoE rows' MFU counts a token's share of the experts, the dense peer's every weight (one
     FFN of k x MOE_HIDDEN_DIMS: the same but for the router); GLaM's auto runs praxis."""
     out = run_python("bench/gpu_bench.py",
-                     "--configs=Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_padded,GLaM126M64E",
+                     "--configs=" + ",".join(MOE_CONFIGS),
                      "--impls=auto", "--steps=2", f"--json={tmp_path / 'bench.json'}",
                      timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    moe, dense, padded, glam = json.loads((tmp_path / "bench.json").read_text())
-    for row in (moe, dense, padded, glam):
+    moe, dense, tokamax, padded, glam = json.loads((tmp_path / "bench.json").read_text())
+    for row in (moe, dense, tokamax, padded, glam):
         assert "error" not in row, row
         assert row["tokens_per_s"] > 0 and row["tiny"] is True
     assert dense["active_params"] == dense["params"]
     router = 2 * 64 * 128  # tiny: 2 layers, 64 wide, 128 experts
     assert moe["active_params"] - router == dense["active_params"] < moe["params"]
-    assert padded["active_params"] == moe["active_params"]
+    assert padded["active_params"] == tokamax["active_params"] == moe["active_params"]
     assert glam["active_params"] < glam["params"] and glam["resolved"] == "praxis"
     assert "GLaM126M64E    auto>praxis" in out.stdout

@@ -141,10 +141,12 @@ def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_den
     script = open(SCRIPT).read()
     command = re.search(r"^part_moe\(\) \{.*?^\}", script, re.MULTILINE | re.DOTALL).group(0)
     configs = re.search(r"--configs (\S+)", command).group(1).split(",")
-    assert configs == ["Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_padded", "GLaM126M64E"]
+    assert configs == ["Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_tokamax", "Qwen3A3B_padded",
+                       "GLaM126M64E"]
     built = {name: experiment(name, "auto", tiny=False, devices=1) for name in configs}
-    moe, dense, padded, glam = built.values()
+    moe, dense, tokamax, padded, glam = built.values()
     assert (padded.MOE_BACKEND, padded.CAPACITY_FACTOR) == ("padded", 1.25)
+    assert (tokamax.MOE_BACKEND, tokamax.CAPACITY_FACTOR) == ("tokamax", 0.0)
     assert (moe.NUM_LAYERS, moe.NUM_EXPERTS, moe.NUM_EXPERTS_PER_TOKEN) == (4, 128, 8)
     assert moe.ICI_MESH_SHAPE == dense.ICI_MESH_SHAPE == glam.ICI_MESH_SHAPE == [1, 1, 1]
     assert moe.expert_shards() == 1 and moe.MAX_SEQ_LEN == dense.MAX_SEQ_LEN

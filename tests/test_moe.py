@@ -1,7 +1,9 @@
 """The dropless mixture of experts (layers/moe.py) against a per-expert loop written here,
 its capacity path, its expert-parallel sharding, and the run around it (issue 32)."""
 
+import importlib.util
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,9 @@ pytestmark = pytest.mark.usefixtures("exact_matmuls")
 
 D, H, E, K = 16, 24, 4, 2
 EPSILON = 1e-6
+# The grouped-matmul backends; tokamax is an optional extra (setup.cfg [moe]).
+GROUPED = ["ragged_dot", pytest.param("tokamax", marks=pytest.mark.skipif(
+    not importlib.util.find_spec("tokamax"), reason="tokamax is not installed"))]
 
 
 def layer_config(**fields):
@@ -102,9 +107,10 @@ def inputs(b=2, length=8):
     return x, paddings
 
 
-def test_dropless_output_equals_a_per_expert_loop():
+@pytest.mark.parametrize("backend", GROUPED)
+def test_dropless_output_equals_a_per_expert_loop(backend):
     x, paddings = inputs()
-    layer, params = init(layer_config(), x, paddings)
+    layer, params = init(layer_config(backend=backend), x, paddings)
     out, _ = apply(layer, params, x, paddings)
     np.testing.assert_allclose(out, reference(params, x, np.asarray(paddings)), rtol=1e-5,
                                atol=1e-5)
@@ -146,9 +152,10 @@ def dense_loop(params, x, paddings):
     return x + out * (1.0 - paddings[..., None])
 
 
-def test_dropless_gradients_equal_the_dense_loop():
+@pytest.mark.parametrize("backend", GROUPED)
+def test_dropless_gradients_equal_the_dense_loop(backend):
     x, paddings = inputs()
-    layer, params = init(layer_config(), x, paddings)
+    layer, params = init(layer_config(backend=backend), x, paddings)
     np.testing.assert_allclose(dense_loop(params, x, paddings),
                                reference(params, x, np.asarray(paddings)), rtol=1e-5, atol=1e-5)
     probe = jax.random.normal(jax.random.key(3), x.shape)
@@ -175,9 +182,11 @@ def test_capacity_path_equals_dropless_when_nothing_is_dropped():
     assert float(dropped) == 0.0
 
 
-def test_capacity_path_drops_what_the_loop_drops():
+@pytest.mark.parametrize("backend", GROUPED)
+def test_capacity_path_drops_what_the_loop_drops(backend):
+    """Dropped assignments sort past every expert's rows: the grouped matmul leaves them."""
     x, paddings = inputs(length=16)
-    tight, params = init(layer_config(capacity_factor=0.5), x, paddings)
+    tight, params = init(layer_config(capacity_factor=0.5, backend=backend), x, paddings)
     out, collections = apply(tight, params, x, paddings)
     np.testing.assert_allclose(
         out, reference(params, x, np.asarray(paddings), capacity_factor=0.5), rtol=1e-5,
@@ -248,6 +257,13 @@ def test_sharded_experts_train_to_the_unsharded_losses(tmp_path, unsharded, mesh
     np.testing.assert_allclose(losses, unsharded(capacity_factor), rtol=1e-4)
 
 
+@pytest.mark.parametrize("backend", GROUPED[1:])
+def test_other_grouped_backends_train_sharded_to_the_unsharded_losses(tmp_path, unsharded,
+                                                                     backend):
+    losses = moe_losses(tmp_path, [1, 4, 2], MOE_BACKEND=backend)
+    np.testing.assert_allclose(losses, unsharded(0.0), rtol=1e-4)
+
+
 @pytest.mark.slow  # with the capacity rows above
 def test_padded_backend_with_experts_over_4_and_tp2_trains_like_grouped_on_one_device(
         tmp_path, unsharded):
@@ -305,7 +321,8 @@ def test_accumulated_sub_batches_train_like_one_pass(tmp_path):
     (dict(NUM_EXPERTS=6), "does not split over the 8-way EXPERT_AXIS='data'"),
     (dict(CAPACITY_FACTOR=-1.0), "CAPACITY_FACTOR=-1.0 must be >= 0"),
     (dict(NUM_EXPERTS_PER_TOKEN=9), "NUM_EXPERTS_PER_TOKEN=9 must be between 1 and"),
-    (dict(MOE_BACKEND="tokamax"), "not wired into Paxloom; use one of ragged_dot"),
+    (dict(MOE_BACKEND="te"), "Transformer Engine's grouped GEMM is not wired into Paxloom; "
+                             "use one of ragged_dot, padded, tokamax"),
     (dict(MOE_BACKEND="cutlass"), "MOE_BACKEND='cutlass'"),
     (dict(MOE_LAYER_INTERVAL=3), "MOE_LAYER_INTERVAL=3 must be >= 1 and divide"),
     (dict(MOE_BACKEND="padded"), "set CAPACITY_FACTOR > 0"),
@@ -318,6 +335,12 @@ def test_bad_moe_settings_get_one_line(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         LlamaBase(**{**MOE, "ICI_MESH_SHAPE": [1, 8, 1], **overrides})
     assert "\n" not in str(info.value)
+
+
+def test_tokamax_not_installed_gets_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # what an absent package looks like
+    with pytest.raises(UserError, match=r"tokamax is not installed; pip install '\.\[moe\]'"):
+        LlamaBase(**{**MOE, "ICI_MESH_SHAPE": [1, 8, 1], "MOE_BACKEND": "tokamax"})
 
 
 def test_the_gpt_family_refuses_experts():

@@ -8,6 +8,8 @@ experts split over the data axis) runs on [2 stages, 2 data, 2 model] against th
 unpipelined [4 data, 2 model].
 """
 
+import importlib.util
+
 import jax
 import pytest
 
@@ -41,7 +43,11 @@ MIXTURE = dict(NUM_KV_HEADS=2, LAMBADA_EVAL=False, NUM_EXPERTS=4, NUM_EXPERTS_PE
     (LlamaTiny, MIXTURE),
     pytest.param(LlamaTiny, dict(MIXTURE, NUM_LAYERS=4, MOE_LAYER_INTERVAL=2,
                                  USE_REPEATED_LAYER=True), marks=pytest.mark.slow),
-], ids=["gpt", "llama-gqa", "llama-moe", "llama-moe-every-2nd-repeated"])
+    # tokamax's grouped matmul under the stages' vmap (an optional extra).
+    pytest.param(LlamaTiny, dict(MIXTURE, MOE_BACKEND="tokamax"), marks=[
+        pytest.mark.slow, pytest.mark.skipif(not importlib.util.find_spec("tokamax"),
+                                             reason="tokamax is not installed")]),
+], ids=["gpt", "llama-gqa", "llama-moe", "llama-moe-every-2nd-repeated", "llama-moe-tokamax"])
 def test_pipelined_run_trains_like_the_unpipelined_one(tmp_path, experiment, overrides):
     plain = make_trainer(tmp_path / "plain", experiment=experiment, **TRAIN, **overrides,
                          **PLAIN)
