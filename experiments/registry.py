@@ -8,6 +8,20 @@ _REGISTRY: dict[str, type] = {}
 # The module of the Pax GPU experiments (configs.py beside paxml's GPU scripts): its
 # experiment names are Paxloom's, so `--fdl_config=paxml...configs.GPT126M` just works.
 PAX_GPU_CONFIGS = "paxml.contrib.gpu.scripts_gpu.configs"
+# NVIDIA's Pax experiments (paxml/tasks/lm/params/nvidia.py at paxml's head, 2024-09) are
+# not carried. Its mixtures of experts, with what each needs that Paxloom does not have.
+PAX_NVIDIA = "paxml.tasks.lm.params.nvidia"
+_PADDED = ("its {} experts padded with empty variables to fill the {}-way data axis, "
+           "as Pax pads them")
+_EXPERT_AXIS = ("praxis's expert mesh axis 'data_expert' "
+                "(set_sharding_params_with_expert_parallelism, after praxis 1.4.0)")
+NVIDIA_MIXTURES = {
+    "MoELarge": _PADDED.format(16, 32),
+    "GLaM64B64EProxy": _PADDED.format(64, 128),
+    "GLaM64B64EProxy_EP": _EXPERT_AXIS,
+    **{name: f"{_EXPERT_AXIS} and praxis/layers/grok.py (also after 1.4.0)"
+       for name in ("Grok", "Grok_Proxy", "Grok_Proxy_PP", "Grok_PP")},
+}
 
 
 def register(cls: type) -> type:
@@ -31,6 +45,14 @@ def resolve(fdl_config: str) -> type:
     module_name, _, class_name = fdl_config.rpartition(".")
     if module_name == PAX_GPU_CONFIGS:  # the real Pax scripts' names run as they are
         module_name = "experiments"
+    if module_name == PAX_NVIDIA and class_name in NVIDIA_MIXTURES:
+        raise UserError(f"--fdl_config={fdl_config} needs {NVIDIA_MIXTURES[class_name]}; "
+                        f"Paxloom's mixtures of experts are Pax's GLaM (experiments."
+                        f"PileGLaM126M64E) and the Llama family's (experiments.Mixtral8x7B, "
+                        f"EXPERT_AXIS): docs/guides/moe.md")
+    if module_name == PAX_NVIDIA:
+        raise UserError(f"--fdl_config={fdl_config}: Paxloom does not carry NVIDIA's "
+                        f"nvidia.py; `python main.py --list_experiments` lists its experiments")
     if not module_name or not class_name:
         raise UserError(f"--fdl_config={fdl_config!r}: expected experiments.NAME or "
                         f"my_module.MyExperiment")

@@ -13,6 +13,7 @@ from praxis import base_layer, pax_fiddle
 from praxis.layers import normalizations
 
 from core.errors import UserError
+from experiments import registry
 from experiments.llama import LlamaBase
 from layers import moe
 from runner.training import throughput
@@ -335,6 +336,19 @@ def test_bad_moe_settings_get_one_line(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         LlamaBase(**{**MOE, "ICI_MESH_SHAPE": [1, 8, 1], **overrides})
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, needs", [
+    ("MoELarge", "needs its 16 experts padded with empty variables to fill the 32-way data"),
+    ("GLaM64B64EProxy_EP", "needs praxis's expert mesh axis 'data_expert'"),
+    ("Grok_Proxy", "'data_expert' (set_sharding_params_with_expert_parallelism, after praxis "
+                   "1.4.0) and praxis/layers/grok.py"),
+    ("NVIDIA5B", "Paxloom does not carry NVIDIA's nvidia.py"),
+])
+def test_nvidia_pax_experiments_are_refused_naming_what_they_need(name, needs):
+    with pytest.raises(UserError) as info:
+        registry.resolve(f"paxml.tasks.lm.params.nvidia.{name}")
+    assert needs in str(info.value) and "\n" not in str(info.value)
 
 
 def test_tokamax_not_installed_gets_one_line(monkeypatch):
