@@ -45,7 +45,7 @@ from core.step_metrics import report_step_metric
 
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
-# The experts' matmuls (`expert_mlp`); experiments/groups.py MOE_BACKENDS lists the same.
+# The experts' matmuls (`expert_mlp`); experiments/groups.py checks MOE_BACKEND against it.
 BACKENDS = ("ragged_dot", "padded", "tokamax")
 # The per-expert weights ([E, ...]) of this layer and of praxis's GShard layer (GLaM), by
 # parameter name inside a decoder layer's `ff_layer`: a token uses k of their E slices.
@@ -140,8 +140,8 @@ def _experts_local(x, experts, weights, w_gate, w_up, w_down, *, num_experts, ac
     With `expert_shards` > 1 this runs inside shard_map: `w_*` hold this shard's
     experts, and assignments travel to their owners over `expert_axis` in buffers of
     `buffer_rows` rows per peer. `padded_rows` > 0 (the "padded" backend): each expert's
-    capacity for the tokens of one shard; otherwise `ragged_dot` computes them. Returns (output, number of assignments that did
-    not fit).
+    capacity for the tokens of one shard; otherwise `ragged_dot` computes the experts.
+    Returns (output, number of assignments that did not fit).
     """
     tokens, k = experts.shape
     flat = experts.reshape(-1)
