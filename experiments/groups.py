@@ -229,6 +229,9 @@ class MixtureOfExperts(Group):
     ROUTER_Z_LOSS_WEIGHT: float = 0.0  # ST-MoE router z-loss, per MoE layer
     MOE_BACKEND: str = "ragged_dot"  # the grouped matmul: ragged_dot, tokamax, padded
     EXPERT_AXIS: str = "data"  # the mesh axis the experts are split over ("none": replicated)
+    # The expert-parallel all_to_all's buffer per peer: 0: every local assignment (nothing
+    # dropped); f > 0: f x a peer's mean share, what overflows it dropped (moe/dropped_fraction).
+    MOE_BUFFER_FACTOR: float = 0.0
 
     def expert_shards(self) -> int:
         """How many ways the experts are split: the size of EXPERT_AXIS (ICI x DCN)."""
@@ -257,6 +260,10 @@ class MixtureOfExperts(Group):
             raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} must be >= 0: 0 routes "
                             f"dropless, > 0 caps each expert at that many times its mean "
                             f"load, e.g. 1.25")
+        if self.MOE_BUFFER_FACTOR < 0:
+            raise UserError(f"MOE_BUFFER_FACTOR={self.MOE_BUFFER_FACTOR} must be >= 0: 0 sends "
+                            f"every local assignment to each expert shard, > 0 that many "
+                            f"times a shard's mean share, e.g. 2.0")
         if not self.NUM_EXPERTS:
             return
         if not 1 <= self.NUM_EXPERTS_PER_TOKEN <= self.NUM_EXPERTS:

@@ -126,6 +126,7 @@ class LlamaBase(BaseExperiment):
             router_z_loss_weight=self.ROUTER_Z_LOSS_WEIGHT,
             shared_hidden_dims=self.MOE_SHARED_HIDDEN_DIMS,
             gate_shared_expert=self.MOE_SHARED_EXPERT_GATE, backend=self.MOE_BACKEND,
+            buffer_factor=self.MOE_BUFFER_FACTOR,
             expert_axis=None if self.EXPERT_AXIS == "none" else self.EXPERT_AXIS,
         )
 

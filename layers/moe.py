@@ -21,8 +21,9 @@ Expert parallelism: the experts' weights are split over the mesh axis `expert_ax
 (`data` by default, like praxis's GLaM sharding) and their hidden dimension over the
 tensor axis. Inside `shard_map`, each device sorts its own tokens' assignments by the
 device that owns the expert, sends them with one fixed-size `all_to_all` (a buffer of
-every local assignment per peer: exact for dropless routing; `capacity_factor` bounds it),
-runs its local experts, and sends the results back. The router runs outside, on the
+every local assignment per peer: exact for dropless routing; `capacity_factor` bounds it,
+and so does `buffer_factor`, which drops what overflows it), runs its local experts, and
+sends the results back. The router runs outside, on the
 global batch, so its losses do not depend on the sharding.
 
 Router losses are praxis aux losses (added to the training loss by praxis's
@@ -213,6 +214,9 @@ class MoeFeedForward(base_layer.BaseLayer):
       backend: the experts' matmuls: "ragged_dot" (grouped, over exactly the rows routed),
         "tokamax" (the same by tokamax's kernels) or "padded" (batched over a buffer of
         each expert's capacity; needs one).
+      buffer_factor: 0: each peer's all_to_all buffer holds every local assignment (no
+        drop, whatever the routing); > 0: this many times a peer's mean share (the local
+        assignments / the expert shards), the assignments past it dropped.
       expert_axis: the mesh axis the experts are split over (None: replicated).
       tensor_axis: the mesh axis each expert's hidden dimension is split over.
       batch_axes: the mesh axes the tokens' batch dimension is split over (inside a
@@ -231,6 +235,7 @@ class MoeFeedForward(base_layer.BaseLayer):
     shared_hidden_dims: int = 0
     gate_shared_expert: bool = False
     backend: str = "ragged_dot"
+    buffer_factor: float = 0.0
     expert_axis: str | None = "data"
     tensor_axis: str | None = "mdl"
     batch_axes: tuple[str, ...] = BATCH_AXES
@@ -358,6 +363,9 @@ class MoeFeedForward(base_layer.BaseLayer):
         buffer_rows = local_assignments
         if self.capacity_factor > 0:  # kept assignments per owner are bounded by capacity
             buffer_rows = min(buffer_rows, (b // batch_shards) * (e // shards) * per_sequence)
+        if self.buffer_factor > 0:
+            buffer_rows = min(buffer_rows,
+                              math.ceil(self.buffer_factor * local_assignments / shards))
 
         def body(x, routed, routed_weights, w_gate, w_up, w_down):
             bl = x.shape[0]

@@ -265,6 +265,24 @@ def test_other_grouped_backends_train_sharded_to_the_unsharded_losses(tmp_path, 
     np.testing.assert_allclose(losses, unsharded(0.0), rtol=1e-4)
 
 
+def test_a_bounded_exchange_buffer_drops_only_what_overflows_it(tmp_path, unsharded):
+    """MOE_BUFFER_FACTOR: 3x a peer's mean share holds this routing (the losses of the
+    unbounded exchange, nothing dropped); half of it cannot, and the drops are counted."""
+    def first_step(factor):
+        trainer = make_trainer(tmp_path / str(factor), experiment=LlamaBase,
+                               ICI_MESH_SHAPE=[1, 4, 2], MOE_BUFFER_FACTOR=factor, **MOE)
+        state = trainer.init_state()
+        batch = trainer.to_device(trainer.make_train_input().next_batch())
+        with jax.set_mesh(trainer.mesh):
+            return jax.device_get(trainer.train_step(state, batch)[1])
+
+    roomy, tight = first_step(3.0), first_step(0.5)
+    assert roomy["moe/dropped_fraction"] == 0.0
+    np.testing.assert_allclose(roomy["loss"], unsharded(0.0)[0], rtol=1e-5)
+    assert tight["moe/dropped_fraction"] > 0.1
+    assert abs(tight["loss"] - roomy["loss"]) > 1e-4
+
+
 @pytest.mark.slow  # with the capacity rows above
 def test_padded_backend_with_experts_over_4_and_tp2_trains_like_grouped_on_one_device(
         tmp_path, unsharded):
@@ -321,6 +339,7 @@ def test_accumulated_sub_batches_train_like_one_pass(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(NUM_EXPERTS=6), "does not split over the 8-way EXPERT_AXIS='data'"),
     (dict(CAPACITY_FACTOR=-1.0), "CAPACITY_FACTOR=-1.0 must be >= 0"),
+    (dict(MOE_BUFFER_FACTOR=-2.0), "MOE_BUFFER_FACTOR=-2.0 must be >= 0"),
     (dict(NUM_EXPERTS_PER_TOKEN=9), "NUM_EXPERTS_PER_TOKEN=9 must be between 1 and"),
     (dict(MOE_BACKEND="te"), "Transformer Engine's grouped GEMM is not wired into Paxloom; "
                              "use one of ragged_dot, padded, tokamax"),
