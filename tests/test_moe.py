@@ -258,6 +258,7 @@ def test_sharded_experts_train_to_the_unsharded_losses(tmp_path, unsharded, mesh
     np.testing.assert_allclose(losses, unsharded(capacity_factor), rtol=1e-4)
 
 
+@pytest.mark.slow  # the layer tests above check tokamax's matmuls; this, their sharding
 @pytest.mark.parametrize("backend", GROUPED[1:])
 def test_other_grouped_backends_train_sharded_to_the_unsharded_losses(tmp_path, unsharded,
                                                                      backend):
