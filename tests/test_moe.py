@@ -266,18 +266,21 @@ def test_other_grouped_backends_train_sharded_to_the_unsharded_losses(tmp_path, 
     np.testing.assert_allclose(losses, unsharded(0.0), rtol=1e-4)
 
 
+def first_step_metrics(job_dir, mesh, **overrides) -> dict:
+    """The step metrics of a tiny mixture's first train step on `mesh`."""
+    trainer = make_trainer(job_dir, experiment=LlamaBase, ICI_MESH_SHAPE=mesh,
+                           **{**MOE, **overrides})
+    state = trainer.init_state()
+    batch = trainer.to_device(trainer.make_train_input().next_batch())
+    with jax.set_mesh(trainer.mesh):
+        return jax.device_get(trainer.train_step(state, batch)[1])
+
+
 def test_a_bounded_exchange_buffer_drops_only_what_overflows_it(tmp_path, unsharded):
     """MOE_BUFFER_FACTOR: 3x a peer's mean share holds this routing (the losses of the
     unbounded exchange, nothing dropped); half of it cannot, and the drops are counted."""
-    def first_step(factor):
-        trainer = make_trainer(tmp_path / str(factor), experiment=LlamaBase,
-                               ICI_MESH_SHAPE=[1, 4, 2], MOE_BUFFER_FACTOR=factor, **MOE)
-        state = trainer.init_state()
-        batch = trainer.to_device(trainer.make_train_input().next_batch())
-        with jax.set_mesh(trainer.mesh):
-            return jax.device_get(trainer.train_step(state, batch)[1])
-
-    roomy, tight = first_step(3.0), first_step(0.5)
+    roomy, tight = (first_step_metrics(tmp_path / str(factor), [1, 4, 2],
+                                       MOE_BUFFER_FACTOR=factor) for factor in (3.0, 0.5))
     assert roomy["moe/dropped_fraction"] == 0.0
     np.testing.assert_allclose(roomy["loss"], unsharded(0.0)[0], rtol=1e-5)
     assert tight["moe/dropped_fraction"] > 0.1
@@ -309,17 +312,9 @@ def test_every_other_layer_scanned_trains_sharded_like_one_device(tmp_path):
 def test_router_losses_enter_the_loss_and_the_step_metrics(tmp_path):
     """loss(weight w) - loss(weight 0) = w x the load-balancing loss of each MoE layer,
     summed over the layers (2), on the same first step."""
-    def first_step(weight):
-        trainer = make_trainer(tmp_path / str(weight), experiment=LlamaBase,
-                               ICI_MESH_SHAPE=[1, 8, 1],
-                               **{**MOE, "LOAD_BALANCING_WEIGHT": weight,
-                                  "ROUTER_Z_LOSS_WEIGHT": 0.0})
-        state = trainer.init_state()
-        batch = trainer.to_device(trainer.make_train_input().next_batch())
-        with jax.set_mesh(trainer.mesh):
-            return jax.device_get(trainer.train_step(state, batch)[1])
-
-    without, with_balance = first_step(0.0), first_step(0.5)
+    without, with_balance = (
+        first_step_metrics(tmp_path / str(weight), [1, 8, 1], LOAD_BALANCING_WEIGHT=weight,
+                           ROUTER_Z_LOSS_WEIGHT=0.0) for weight in (0.0, 0.5))
     assert {"moe/load_balancing_loss", "moe/router_z_loss", "moe/dropped_fraction",
             "moe/max_expert_load"} <= set(with_balance)
     np.testing.assert_allclose(with_balance["loss"] - without["loss"],
