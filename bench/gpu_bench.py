@@ -15,6 +15,10 @@ token's width, k x MOE_HIDDEN_DIMS), Qwen3A3B_tokamax and Qwen3A3B_padded (the M
 backends) and GLaM126M64E (PileGLaM126M64E, all 64 experts, its
 attention praxis's whatever --impls says, which "auto" shows as auto>praxis). Their MFU
 counts a token's active parameters (expert weights x k / E), as "active_params" in the JSON.
+So are the long-sequence rows (LONG_CONFIGS): Llama8B_64K and Llama8B_128K, Llama31_8B cut
+to 4 layers at 65536 and 131072 tokens, one sequence a step (the second with the
+'save_nothing' checkpoint policy); a row that does not fit is an error row, and the next
+row still runs.
 
 Every row runs in a fresh child process (`--one CONFIG IMPL`, which prints one JSON line),
 so its peak device memory is its own and not the maximum of the rows before it, and an
@@ -46,6 +50,7 @@ times the raw GEMMs.
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
     python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E --impls auto
+    python bench/gpu_bench.py --configs Llama8B_64K,Llama8B_128K --impls auto --steps 3 --warmup 1
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/gpu_bench.py --steps 2
 """
 
@@ -67,6 +72,7 @@ sys.path.insert(0, REPO_ROOT)
 from bench.rows import (  # noqa: E402
     CONFIGS,
     HEADER,
+    LONG_CONFIGS,
     MOE_CONFIGS,
     TORCH_CONFIGS,
     experiment,
@@ -379,10 +385,11 @@ def fp8_summary(pairs: list[tuple[dict, dict]]) -> list[str]:
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    dense = [c for c in CONFIGS if c not in MOE_CONFIGS]
-    parser.add_argument("--configs", default=",".join(dense),
+    by_name_only = MOE_CONFIGS + LONG_CONFIGS
+    default = [c for c in CONFIGS if c not in by_name_only]
+    parser.add_argument("--configs", default=",".join(default),
                         help=f"comma-separated, of {', '.join(CONFIGS)} (default: all but "
-                             f"{', '.join(MOE_CONFIGS)})")
+                             f"{', '.join(by_name_only)})")
     parser.add_argument("--impls", default="auto,praxis",
                         help="comma-separated ATTENTION_IMPLs: praxis, xla, cudnn, pallas, auto")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row")

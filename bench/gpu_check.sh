@@ -15,6 +15,8 @@
 #            layers beside the dense Llama with a token's parameters, then Pax's GLaM126M64E;
 #            MFU on a token's active parameters
 #   fp8      FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
+#   long     (only when named: outside the 9 minutes) the longest sequence that trains on
+#            one GPU: Llama 3.1 8B's shape cut to 4 layers at 65536 and 131072 tokens
 # A part may also use the seconds that the parts before it left unused, so the whole run
 # stays within the sum of the budgets. The last lines are a summary table (part, status,
 # key figure), also in $OUT/summary.txt; the exit status is non-zero when a part failed or
@@ -22,20 +24,26 @@
 # parts is valid (main.py with --print_config, gpu_bench.py with --dry_run, pytest with
 # --collect-only) and prints the budgets.
 #
-#   bash bench/gpu_check.sh                        # every part
+#   bash bench/gpu_check.sh                        # every part but long
 #   bash bench/gpu_check.sh --parts install,speed  # again, one part (install: a fresh machine)
+#   bash bench/gpu_check.sh --parts install,long   # a second short run: the long part
 #   GPU_CHECK_PARTS=fp8 bash bench/gpu_check.sh --budget fp8=200   # one part, more time
 #   bash bench/gpu_check.sh --dry-run              # here: valid command lines, budgets
 set -uo pipefail  # not -e: a part that fails is recorded and the parts after it still run
 
-PARTS=(install tests default speed moe fp8)
+PARTS=(install tests default speed moe fp8 long)
+# Parts that run only when --parts names them: a second short run, after the 9 minutes.
+OPTIONAL_PARTS=(long)
 # Seconds per part, estimated from what each part runs on one H100 (earlier figures: install
 # ~20 s, a jax start ~10 s, GPT126M's train step compiles in 30-37 s, GPT1_3B's in 69 s);
 # docs/guides/gpu_check.md shows the estimate behind each. moe's 100 s are 50 of fp8's
 # (100 before), the 20 the total left unused, 15 of speed's (whose third row was already
 # the one to lose) and 5 of each other part: fp8, last, runs on its 50 and what the others
 # leave, and is the part to rerun (--parts fp8).
-declare -A BUDGET=([install]=25 [tests]=125 [default]=95 [speed]=145 [moe]=100 [fp8]=50)
+# long: two rows, each a compile (~60 s for 4 layers of the 8B shape) and 4 steps of
+# 4-12 s (planned at 40% MFU), or an early out-of-memory error.
+declare -A BUDGET=([install]=25 [tests]=125 [default]=95 [speed]=145 [moe]=100 [fp8]=50
+                   [long]=180)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
 # tests/test_gpu_check.py checks that none is missing.
@@ -166,6 +174,13 @@ part_fp8() {
         --percore_batch_size 4 "${BENCH_STEPS[@]}" --timeout 100 --json "$out/fp8.json"
 }
 
+part_long() {
+    # Shortest first: the key is the longest row that trained; a longer one that does not
+    # fit (131072 tokens on an H100, as planned) is the expected end of the search.
+    run long.log bench/gpu_bench.py --configs Llama8B_64K,Llama8B_128K --impls auto \
+        --steps 3 --warmup 1 --timeout 120 --json "$out/long.json"
+}
+
 usage() {
     sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
 }
@@ -256,7 +271,8 @@ main() {
         fi
     done
     for part in "${PARTS[@]}"; do  # always in this order, whatever order was asked
-        if [[ -z $parts_list || ",$parts_list," == *",$part,"* ]]; then
+        if [[ ",$parts_list," == *",$part,"* ||
+              ( -z $parts_list && " ${OPTIONAL_PARTS[*]} " != *" $part "* ) ]]; then
             chosen+=("$part")
             total=$((total + BUDGET[$part]))
         fi

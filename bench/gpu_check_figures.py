@@ -28,6 +28,8 @@ CACHE_LOAD = re.compile(r"compiled jit\(_train_step\) in ([\d.]+)s \(loaded from
 PYTEST_TOTALS = re.compile(r"\d+ (passed|failed|errors?|skipped|deselected)")
 TRAINING = re.compile(r"^training (\w+):")
 STEP_LOSS = re.compile(r"^step +(\d+) \| loss ([\d.]+)")
+# How XLA (and jax's allocator) say that a program does not fit the device.
+OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|out of memory", re.IGNORECASE)
 
 
 class Failed(Exception):
@@ -175,8 +177,29 @@ def key_fp8(out: pathlib.Path) -> str:
             f"({loss:+.2%}, target within {TARGET_FP8_LOSS:.0%}); f8 GEMMs {gemms}")
 
 
+def key_long(out: pathlib.Path) -> str:
+    """The longest sequence that trained, with its speed and memory; the rows after it may
+    run out of memory (that ends the search), but any other error fails the part, as does
+    no row trained."""
+    parts, longest, failed = [], None, False
+    for row in rows(out, "long.json"):
+        if "error" not in row and "skipped" not in row:
+            longest = row
+            parts.append(f"{row['seq_len']:,} tokens: {row['tokens_per_s']:,.0f} tokens/s, "
+                         f"{row['mfu']:.1%} MFU, peak {row['peak_memory_gib']:.1f} GiB")
+        elif longest is not None and OUT_OF_MEMORY.search(row.get("error", "")):
+            parts.append(f"{row['experiment']}: out of memory")
+        else:
+            failed = True
+            parts.append(f"{row['experiment']}: {row.get('error') or row['skipped']}")
+    key = f"longest {longest['seq_len']:,} tokens; " if longest else "no length trained; "
+    if failed or longest is None:
+        raise Failed(key + "; ".join(parts))
+    return key + "; ".join(parts)
+
+
 KEYS = {"install": key_install, "tests": key_tests, "default": key_default,
-        "speed": key_speed, "moe": key_moe, "fp8": key_fp8}
+        "speed": key_speed, "moe": key_moe, "fp8": key_fp8, "long": key_long}
 
 
 def main() -> int:

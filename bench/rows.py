@@ -8,6 +8,7 @@ SYNTHETIC = {"DATASET": "synthetic", "LAMBADA_EVAL": False}
 # one H100 jax 0.10.2's XLA:GPU computes ragged_dot as a dense matmul over every expert,
 # whose [tokens x k, experts, width] operand makes 4096 tokens plan at 94 GiB, 2048 at 62.
 QWEN3_4_LAYERS = {**SYNTHETIC, "NUM_LAYERS": 4, "MAX_SEQ_LEN": 2048}
+LLAMA8B_4_LAYERS = {**SYNTHETIC, "NUM_LAYERS": 4}
 # Per row: its overrides, and whether its weights are split over the devices (FSDP) or
 # copied to each (data parallelism). A row is the registered experiment of its name, or the
 # one ROW_EXPERIMENT names. An ATTENTION_IMPL among the overrides is what "auto" runs.
@@ -32,12 +33,21 @@ CONFIGS = {
     # Pax's GLaM (praxis's GShard layers, top-2, capacity 2.0) with all 64 experts: 44.5 GiB
     # planned on one H100. NUM_GPUS follows the mesh; its attention can only be praxis's.
     "GLaM126M64E": ({**SYNTHETIC, "ATTENTION_IMPL": "praxis"}, "fsdp"),
+    # Long sequences on one GPU (bench/gpu_check.sh's long part), not in gpu_bench.py's
+    # default: Llama 3.1 8B's shape cut to 4 layers, one sequence a step. Planned by XLA:GPU
+    # for one H100 (jax 0.10.2): 65536 tokens 66.5 GiB with the experiment's checkpointing
+    # (fits, 67.7 usable); 131072 86.5 GiB with 'save_nothing' (fits an H200, not an H100).
+    "Llama8B_64K": ({**LLAMA8B_4_LAYERS, "MAX_SEQ_LEN": 65536}, "fsdp"),
+    "Llama8B_128K": ({**LLAMA8B_4_LAYERS, "MAX_SEQ_LEN": 131072,
+                      "CHECKPOINT_POLICY": "save_nothing"}, "fsdp"),
 }
 ROW_EXPERIMENT = {"Qwen3A3B_moe": "Qwen3MoE30B_A3B", "Qwen3A3B_dense": "Qwen3MoE30B_A3B",
                   "Qwen3A3B_tokamax": "Qwen3MoE30B_A3B", "Qwen3A3B_padded": "Qwen3MoE30B_A3B",
-                  "GLaM126M64E": "PileGLaM126M64E"}
+                  "GLaM126M64E": "PileGLaM126M64E", "Llama8B_64K": "Llama31_8B",
+                  "Llama8B_128K": "Llama31_8B"}
 MOE_CONFIGS = ("Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_tokamax", "Qwen3A3B_padded",
                "GLaM126M64E")
+LONG_CONFIGS = ("Llama8B_64K", "Llama8B_128K")  # shortest first
 # The experiments bench/torch_gpt.py can mirror: the GPT family (Llama is another model).
 TORCH_CONFIGS = ("Synthetic126M", "GPT1_3B", "Synthetic5B")
 TINY = dict(NUM_LAYERS=2, MODEL_DIMS=64, HIDDEN_DIMS=256, NUM_HEADS=4, DIMS_PER_HEAD=16,

@@ -15,7 +15,7 @@ from bench.rows import experiment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
-PARTS = ["install", "tests", "default", "speed", "moe", "fp8"]
+PARTS = ["install", "tests", "default", "speed", "moe", "fp8"]  # those a plain run runs
 ENV = {**os.environ, "PYTHON": sys.executable}  # conftest's CPU settings, this Python
 
 
@@ -73,7 +73,7 @@ def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     table = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split()[:2] for line in table[1:]] == [
         ["install", "skipped"], ["tests", "skipped"], ["default", "TIMEOUT"],
-        ["speed", "skipped"], ["moe", "skipped"], ["fp8", "skipped"]]
+        ["speed", "skipped"], ["moe", "skipped"], ["fp8", "skipped"], ["long", "skipped"]]
     assert done.stdout.splitlines()[-len(table):] == table
 
 
@@ -163,3 +163,37 @@ def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_den
     assert_key("moe", tmp_path, 1, "Qwen3A3B_moe 5.0% MFU, peak 61.0 GiB, x0.07 dense "
                "tokens/s; Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; GLaM126M64E: timed out "
                "after 100s")
+
+
+@pytest.mark.process
+def test_the_long_part_runs_only_when_named_and_its_key_is_the_longest_length_that_trained(
+        tmp_path):
+    """The long part is outside the 9 minutes: its dry run passes when named, with its
+    own budget; its rows are the 8B shape cut to 4 layers on one GPU, shortest first; its
+    key is the longest row that trained, an out-of-memory row after it ends the search, and
+    any other error, or no row trained, fails it."""
+    done = check("--dry-run", "--parts long")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^long +budget +\d+ s  ok$", done.stdout, re.MULTILINE), done.stdout
+    script = open(SCRIPT).read()
+    command = re.search(r"^part_long\(\) \{.*?^\}", script, re.MULTILINE | re.DOTALL).group(0)
+    configs = re.search(r"--configs (\S+)", command).group(1).split(",")
+    built = [experiment(name, "auto", tiny=False, devices=1) for name in configs]
+    assert [e.MAX_SEQ_LEN for e in built] == [65536, 131072]
+    for row in built:
+        assert (row.NUM_LAYERS, row.MODEL_DIMS, row.NUM_KV_HEADS, row.ICI_MESH_SHAPE) == (
+            4, 4096, 8, [1, 1, 1])
+    assert built[1].CHECKPOINT_POLICY == "save_nothing"
+
+    short = {"experiment": "Llama8B_64K", "attention": "auto", "seq_len": 65536,
+             "tokens_per_s": 15000.0, "mfu": 0.41, "peak_memory_gib": 60.2}
+    oom = {"experiment": "Llama8B_128K", "attention": "auto",
+           "error": "XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 93 GiB"}
+    (tmp_path / "long.json").write_text(json.dumps([short, oom]))
+    assert_key("long", tmp_path, 0, "longest 65,536 tokens; 65,536 tokens: 15,000 tokens/s, "
+               "41.0% MFU, peak 60.2 GiB; Llama8B_128K: out of memory")
+    (tmp_path / "long.json").write_text(json.dumps([short, {**oom, "error": "timed out"}]))
+    assert_key("long", tmp_path, 1, "longest 65,536 tokens; 65,536 tokens: 15,000 tokens/s, "
+               "41.0% MFU, peak 60.2 GiB; Llama8B_128K: timed out")
+    (tmp_path / "long.json").write_text(json.dumps([{**short, "error": oom["error"]}]))
+    assert_key("long", tmp_path, 1, "no length trained; Llama8B_64K: " + oom["error"])
