@@ -29,6 +29,13 @@ if REPO_ROOT not in sys.path:
 # Tests import praxis directly; the compat patches must be in place first.
 import layers  # noqa: E402,F401
 
+# A test whose pytest-xdist worker dies runs once more (tests/support/crash_rerun.py says why).
+from tests.support.crash_rerun import (  # noqa: E402,F401
+    pytest_handlecrashitem,
+    pytest_report_teststatus,
+    pytest_terminal_summary,
+)
+
 
 @pytest.fixture(autouse=True)
 def processes_only_where_marked(request, monkeypatch):
