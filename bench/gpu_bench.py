@@ -50,7 +50,7 @@ times the raw GEMMs.
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
     python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E --impls auto
-    python bench/gpu_bench.py --configs Llama8B_64K,Llama8B_128K --impls auto --steps 3 --warmup 1
+    python bench/gpu_bench.py --configs Llama8B_64K,Llama8B_128K --impls auto --steps 2 --warmup 1
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/gpu_bench.py --steps 2
 """
 
