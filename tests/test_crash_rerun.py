@@ -1,13 +1,10 @@
 """tests/support/crash_rerun.py: a test whose xdist worker dies runs once more; a test that
 crashes twice, or fails an assertion, fails as before."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support.processes import run_python, session_env
 
 ABORTS_ONCE = """
 import os, pathlib
@@ -31,13 +28,11 @@ def test_fails_an_assertion():
 
 def pytest_run(tmp_path, name, *plugins):
     """pytest -n 2 on the test files of `name` in tmp_path, with `plugins` (-p)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CRASH_MARKER": str(tmp_path / f"{name}.crashed"),
-           "FAIL_COUNT": str(tmp_path / f"{name}.count")}
+    env = session_env(PYTHONPATH=str(REPO_ROOT), CRASH_MARKER=str(tmp_path / f"{name}.crashed"),
+                      FAIL_COUNT=str(tmp_path / f"{name}.count"))
     options = [arg for plugin in plugins for arg in ("-p", plugin)]
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *options,
-         "-rA", "-q", name], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=120)
+    return run_python("-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *options, "-rA",
+                      "-q", name, env=env, cwd=tmp_path, timeout=120)
 
 
 @pytest.mark.process

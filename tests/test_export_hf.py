@@ -28,6 +28,13 @@ from tools import export_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
+# Trained on the sample corpus (so the export carries its tokenizer), sharded over 8
+# devices: the export gathers the weights onto the host.
+TEXT = dict(TINY, DATASET="sample", VOCAB_SIZE=1024, ICI_MESH_SHAPE=[2, 2, 2])
+TEXTS = ["Return a new sorted list from the items in iterable.",
+         "The  with\tstatement\nis used to wrap the execution of a block",
+         "ünïcödé 日本語"]
+
 
 def torch_precision() -> str:
     """torch's float32 CPU matmul settings and threads, for a failure's message."""
@@ -37,13 +44,6 @@ def torch_precision() -> str:
             f"{getattr(getattr(backends.mkldnn, 'matmul', None), 'fp32_precision', None)!r}, "
             f"{torch.get_num_threads()} threads, autocast "
             f"{torch.is_autocast_enabled('cpu')}")
-
-# Trained on the sample corpus (so the export carries its tokenizer), sharded over 8
-# devices: the export gathers the weights onto the host.
-TEXT = dict(TINY, DATASET="sample", VOCAB_SIZE=1024, ICI_MESH_SHAPE=[2, 2, 2])
-TEXTS = ["Return a new sorted list from the items in iterable.",
-         "The  with\tstatement\nis used to wrap the execution of a block",
-         "ünïcödé 日本語"]
 
 
 @pytest.mark.parametrize("experiment,overrides,target", [
