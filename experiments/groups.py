@@ -204,10 +204,10 @@ class Parallelism(Group):
                                       mesh_axes.CONTEXT_AXIS)
         sequence_order.check_divisible(self.MAX_SEQ_LEN, context)
         if (context > 1 and self.CONTEXT_PARALLEL_STRATEGY == "ring"
-                and self.ATTENTION_IMPL not in ("auto", "flash")):
-            raise UserError(f"CONTEXT_PARALLEL_STRATEGY='ring' computes each step with "
-                            f"flash_attention; set ATTENTION_IMPL='auto' or 'flash' (is "
-                            f"{self.ATTENTION_IMPL!r})")
+                and self.ATTENTION_IMPL not in ("auto", "pallas", "flash")):
+            raise UserError(f"CONTEXT_PARALLEL_STRATEGY='ring' computes each step with a "
+                            f"flash kernel; set ATTENTION_IMPL='auto', 'pallas' or 'flash' "
+                            f"(is {self.ATTENTION_IMPL!r})")
 
 
 class MixtureOfExperts(Group):

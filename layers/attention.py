@@ -27,7 +27,8 @@ implementations:
             kernel. The planner traces it for "cudnn" and "pallas" on CPU.
 - "auto":   the fastest exact choice (docs/guides/gpus.md, "Attention kernels"): "cudnn" where it can run (a
             GPU, bf16/fp16, packed rows only on Hopper or newer), else "pallas" on a GPU;
-            "praxis" on CPU and wherever attention dropout is on; "flash" with a context axis.
+            "praxis" on CPU and wherever attention dropout is on. With a context axis,
+            "pallas" on a GPU and "flash" elsewhere.
 
 Context parallelism (a `context` mesh axis, core/mesh_axes.py): each device holds a part
 of every sequence's tokens, laid out in core/sequence_order.py's load-balanced order. The
@@ -36,7 +37,9 @@ with grouped-query heads) and attends its own queries to them under shard_map, w
 mask built from positions and documents, not from the order of the tokens: query q sees
 key k when both are in one document and k's position is not after q's. The documents are
 recovered from the positions (a document starts where its position is 0) in the natural
-order. "flash" (the default there) or "xla" per shard; the rest have no context form.
+order. Per shard: "pallas" (layers/flash_pallas.py, a Pallas kernel masked the same way,
+skipping the blocks no query sees), "flash" (its plain-JAX reference) or "xla"; cuDNN's and
+jax's Pallas kernels mask by index and have no context form.
 """
 
 import functools
@@ -51,12 +54,12 @@ from praxis.layers import attentions, multi_query_attention
 
 from core import sequence_order, target
 from core.mesh_axes import CONTEXT_AXIS
-from layers import flash, qk_norm
+from layers import flash, flash_pallas, qk_norm
 from layers.stack import transformer_layer_template
 
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "flash", "auto")
 # The implementations that attend across a context axis.
-CONTEXT_IMPLS = ("flash", "xla")
+CONTEXT_IMPLS = ("pallas", "flash", "xla")
 # cuDNN's packed layout with fewer key/value heads than query heads computed key/value
 # offsets with the query head count until jax PR #39521 (2026-07-30), first released in
 # jax 0.11.1. On an older jax such layers repeat their key/value heads instead.
@@ -92,11 +95,7 @@ class _FusedKernels:
             encoded = jax.nn.dot_product_attention(
                 query, key, value, bias=atten_mask.astype(query.dtype), scale=1.0,
                 implementation="xla")
-        elif impl == "flash" or jax.default_backend() != "gpu" and (
-                impl == "cudnn" or (impl == "pallas" and not self.pallas_interpret)):
-            # The planner (runner/planning/plan.py) compiles for the GPU it plans for on CPU devices:
-            # a plain-JAX kernel that keeps what the flash kernels keep (no [T, S] scores),
-            # so the plan's memory is theirs.
+        elif impl == "flash" or self._fused_kernel_planned():
             encoded = flash.causal_flash_attention(
                 query, key, value, segment_ids_from_mask(atten_mask, batch_size))
         elif impl == "cudnn" and self.cudnn_packed:
@@ -116,6 +115,14 @@ class _FusedKernels:
             raise ValueError(f"unknown attention_impl {impl!r}")
         encoded = checkpoint_name(encoded, "context")  # remat policies name it, as praxis
         return self._shard_blnh(encoded)
+
+    def _fused_kernel_planned(self) -> bool:
+        """Whether this is the planner (runner/planning/plan.py) tracing a GPU kernel on CPU
+        devices: it traces layers/flash.py's plain-JAX kernel instead, which keeps what the
+        flash kernels keep (no [T, S] scores), so the plan's memory is theirs."""
+        return jax.default_backend() != "gpu" and (
+            self.attention_impl == "cudnn"
+            or self.attention_impl == "pallas" and not self.pallas_interpret)
 
     def _pallas(self, query, key, value, segment_ids):
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
@@ -167,13 +174,17 @@ class _FusedKernels:
             all_positions = jax.lax.all_gather(q_positions, CONTEXT_AXIS, axis=1, tiled=True)
             all_segments = flash.segment_ids_from_positions(all_positions, order)
             if strategy == "ring":
-                return flash.ring_attention(q, k, v, all_segments, all_positions, shards)
+                pallas = impl == "pallas" and not self._fused_kernel_planned()
+                return flash.ring_attention(q, k, v, all_segments, all_positions, shards,
+                                            self.pallas_interpret if pallas else None)
             k, v = (jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True) for x in (k, v))
             start = jax.lax.axis_index(CONTEXT_AXIS) * q.shape[1]
             q_segments = jax.lax.dynamic_slice_in_dim(all_segments, start, q.shape[1], axis=1)
-            if impl == "flash":
-                return flash.flash_attention(q, k, v, q_segments, all_segments, q_positions,
-                                             all_positions)
+            masks = (q_segments, all_segments, q_positions, all_positions)
+            if impl == "flash" or self._fused_kernel_planned():
+                return flash.flash_attention(q, k, v, *masks)
+            if impl == "pallas":
+                return flash_pallas.flash_attention(q, k, v, *masks, self.pallas_interpret)
             visible = ((q_segments[:, :, None] == all_segments[:, None, :])
                        & (q_positions[:, :, None] >= all_positions[:, None, :]))
             return jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=1.0,
@@ -328,7 +339,7 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
     GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE;
     `context_shards`: the size of the mesh's context axis."""
     if context_shards > 1:
-        return _resolve_for_context(impl, atten_dropout_prob, context_shards)
+        return _resolve_for_context(impl, atten_dropout_prob, context_shards, platform)
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
@@ -350,13 +361,14 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
     return impl
 
 
-def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int) -> str:
+def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int,
+                         platform: str) -> str:
     where = f"with {shards}-way context parallelism (the mesh's context axis)"
     if atten_dropout_prob > 0:
         raise ValueError(f"attention dropout {where} is not built; set ATTEN_DROPOUT_PROB=0 "
                          f"(and DROPOUT_PROB=0, which it defaults to)")
     if impl == "auto":
-        return "flash"
+        return "pallas" if platform == "gpu" else "flash"
     if impl not in CONTEXT_IMPLS:
         raise ValueError(f"ATTENTION_IMPL={impl!r} cannot attend {where} (only "
                          f"{' and '.join(map(repr, CONTEXT_IMPLS))} can); use 'auto', or a "

@@ -23,6 +23,7 @@ import numpy as np
 from praxis import py_utils
 
 from core.mesh_axes import CONTEXT_AXIS
+from layers import flash_pallas
 
 FLASH_BLOCK = 128  # query rows per block of flash_attention
 FLASH_KEY_BLOCK = 512  # key columns per block
@@ -194,15 +195,17 @@ def _flash_vjp_backward(residuals, d_out):
 flash_attention.defvjp(_flash_vjp_forward, _flash_vjp_backward)
 
 
-def ring_attention(query, key, value, all_segments, all_positions, shards: int):
+def ring_attention(query, key, value, all_segments, all_positions, shards: int,
+                   pallas_interpret: bool | None = None):
     """Context parallelism's ring strategy, run per device under shard_map: the device's
     queries [B, T/N, N_heads, H] (scaled) attend to its own keys and values [B, T/N, K, H]
     and to each other device's, passed around the context axis one step at a time
-    (`ppermute`), the partial results merged by their log-sum-exp (flash_attention's
-    blocks per step). Only one device's keys and values are held at a time, in the
-    backward pass too, which passes their gradients around with them. all_segments and
-    all_positions [B, T]: every token's document and position, in the laid-out order."""
-    return _ring(query, key, value, all_segments, all_positions, shards)
+    (`ppermute`), the partial results merged by their log-sum-exp. Only one device's keys
+    and values are held at a time, in the backward pass too, which passes their gradients
+    around with them. all_segments and all_positions [B, T]: every token's document and
+    position, in the laid-out order. Each step is flash_attention's blocks, or with
+    `pallas_interpret` not None layers/flash_pallas.py's kernels (interpreted if True)."""
+    return _ring(query, key, value, all_segments, all_positions, shards, pallas_interpret)
 
 
 def _ring_masks(all_segments, all_positions, device, length: int):
@@ -216,60 +219,73 @@ def _ring_next(x, shards: int):
     return jax.lax.ppermute(x, CONTEXT_AXIS, [(i, (i + 1) % shards) for i in range(shards)])
 
 
-def _per_token(weights):
-    """A log-sum-exp-shaped [T/block, B, K, G, block] array -> [B, T, K * G, 1]."""
-    blocks, b, k, g, block = weights.shape
-    return jnp.transpose(weights, (1, 0, 4, 2, 3)).reshape(b, blocks * block, k * g, 1)
+def _step_forward(pallas_interpret, query, key, value, masks):
+    """One ring step's attention: (output, log-sum-exp [B, T, N] float32)."""
+    if pallas_interpret is None:
+        out, residuals = _flash_forward(query, key, value, *masks)
+        blocks, b, k, g, block = residuals[-1].shape  # [T/block, B, K, G, block]
+        return out, jnp.transpose(residuals[-1], (1, 0, 4, 2, 3)).reshape(b, -1, k * g)
+    out, residuals = flash_pallas.forward(query, key, value, *masks, pallas_interpret)
+    return out, jnp.swapaxes(residuals[-1], 1, 2)  # [B, N, T] -> [B, T, N]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _ring(query, key, value, all_segments, all_positions, shards):
-    return _ring_forward(query, key, value, all_segments, all_positions, shards)[0]
+def _step_backward(pallas_interpret, query, key, value, masks, out, lse, d_out):
+    """One ring step's float32 gradients of query, key and value, its probabilities from
+    the whole row's output and log-sum-exp [B, T, N]."""
+    if pallas_interpret is None:
+        b, t, n = lse.shape
+        block, k = _flash_block_sizes(query, key)[0], key.shape[2]
+        lse = jnp.transpose(lse.reshape(b, t // block, block, k, n // k), (1, 0, 3, 4, 2))
+        return _flash_backward((query, key, value, *masks, out, lse), d_out)
+    return flash_pallas.backward(pallas_interpret, (query, key, value, *masks, out,
+                                                    jnp.swapaxes(lse, 1, 2)), d_out,
+                                 grad_dtype=jnp.float32)
 
 
-def _ring_forward(query, key, value, all_segments, all_positions, shards):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _ring(query, key, value, all_segments, all_positions, shards, pallas_interpret):
+    return _ring_forward(query, key, value, all_segments, all_positions, shards,
+                         pallas_interpret)[0]
+
+
+def _ring_forward(query, key, value, all_segments, all_positions, shards, pallas_interpret):
     me = jax.lax.axis_index(CONTEXT_AXIS)
-    q_segments, q_positions = _ring_masks(all_segments, all_positions, me, query.shape[1])
+    q_masks = _ring_masks(all_segments, all_positions, me, query.shape[1])
 
     def one_step(carry, step):
         k, v, out, lse = carry
-        k_segments, k_positions = _ring_masks(all_segments, all_positions,
-                                              (me - step) % shards, key.shape[1])
-        step_out, residuals = _flash_forward(query, k, v, q_segments, k_segments,
-                                             q_positions, k_positions)
-        step_lse = residuals[-1]
+        k_masks = _ring_masks(all_segments, all_positions, (me - step) % shards, key.shape[1])
+        step_out, step_lse = _step_forward(pallas_interpret, query, k, v,
+                                           (q_masks[0], k_masks[0], q_masks[1], k_masks[1]))
         # Rows that see none of these keys come out with a log-sum-exp near the fill value:
         # the merge gives them no weight once a visible key has come (their own always does).
         merged = jnp.logaddexp(lse, step_lse)
-        out = (out * _per_token(jnp.exp(lse - merged))
-               + step_out.astype(jnp.float32) * _per_token(jnp.exp(step_lse - merged)))
+        out = (out * jnp.exp(lse - merged)[..., None]
+               + step_out.astype(jnp.float32) * jnp.exp(step_lse - merged)[..., None])
         return (_ring_next(k, shards), _ring_next(v, shards), out, merged), None
 
-    q_block = _flash_block_sizes(query, key)[0]
-    b, t, n, h = query.shape
-    lse_shape = (t // q_block, b, key.shape[2], n // key.shape[2], q_block)
     init = (key, value, jnp.zeros(query.shape, jnp.float32),
-            jnp.full(lse_shape, py_utils.get_large_negative_number(jnp.float32)))
+            jnp.full(query.shape[:3], py_utils.get_large_negative_number(jnp.float32)))
     (_, _, out, lse), _ = jax.lax.scan(one_step, init, jnp.arange(shards))
     out = out.astype(value.dtype)
     return out, (query, key, value, all_segments, all_positions, out, lse)
 
 
-def _ring_backward(shards, residuals, d_out):
+def _ring_backward(shards, pallas_interpret, residuals, d_out):
     """Each step: the gradients of this device's queries against the keys it holds, and of
     those keys and values, which travel on with them; after a full turn every key's and
     value's gradient is back with its device. The probabilities come from the merged
     log-sum-exp and output, so each step's share is exactly its part of the whole."""
     query, key, value, all_segments, all_positions, out, lse = residuals
     me = jax.lax.axis_index(CONTEXT_AXIS)
-    q_segments, q_positions = _ring_masks(all_segments, all_positions, me, query.shape[1])
+    q_masks = _ring_masks(all_segments, all_positions, me, query.shape[1])
 
     def one_step(carry, step):
         k, v, d_k, d_v, d_q = carry
-        k_segments, k_positions = _ring_masks(all_segments, all_positions,
-                                              (me - step) % shards, key.shape[1])
-        step_d_q, step_d_k, step_d_v = _flash_backward(
-            (query, k, v, q_segments, k_segments, q_positions, k_positions, out, lse), d_out)
+        k_masks = _ring_masks(all_segments, all_positions, (me - step) % shards, key.shape[1])
+        step_d_q, step_d_k, step_d_v = _step_backward(
+            pallas_interpret, query, k, v, (q_masks[0], k_masks[0], q_masks[1], k_masks[1]),
+            out, lse, d_out)
         passed = (_ring_next(x, shards) for x in (k, v, d_k + step_d_k, d_v + step_d_v))
         return (*passed, d_q + step_d_q), None
 

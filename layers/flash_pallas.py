@@ -49,10 +49,11 @@ def flash_attention(query, key, value, q_segments, k_segments, q_positions, k_po
 
     query [B, T, N, H] (scaled), key/value [B, S, K, H] with K dividing N; q_segments,
     q_positions [B, T] and k_segments, k_positions [B, S] int: query q sees key k when
-    their segments are equal and k's position is not after q's; every query must see a
-    key (e.g. itself). `interpret`: run in Pallas's interpret mode (off a GPU)."""
-    return _forward(query, key, value, q_segments, k_segments, q_positions, k_positions,
-                    interpret)[0]
+    their segments are equal and k's position is not after q's (a query that sees none
+    gets a log-sum-exp near MASKED, which the ring strategy's merge weighs 0).
+    `interpret`: run in Pallas's interpret mode (off a GPU)."""
+    return forward(query, key, value, q_segments, k_segments, q_positions, k_positions,
+                   interpret)[0]
 
 
 def _block_size(length: int, preferred: int, interpret: bool) -> int:
@@ -138,8 +139,12 @@ def _forward_kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, q_seg_ref, k_se
             jnp.zeros((rows,), jnp.float32))
     count = counts_ref[pl.program_id(0)]
     acc, row_max, row_sum = jax.lax.fori_loop(0, count, one_key_block, init)
+    # A row whose list was empty (a ring step's keys all in its future) comes out 0 with a
+    # log-sum-exp of MASKED: no weight when merged with the steps that saw keys.
+    seen = row_sum > 0
+    row_sum = jnp.where(seen, row_sum, 1.0)
     plgpu.store(o_ref, (acc / row_sum[:, None]).astype(o_ref.dtype), mask=head_mask)
-    lse_ref[...] = row_max + jnp.log(row_sum)
+    lse_ref[...] = jnp.where(seen, row_max + jnp.log(row_sum), MASKED)
 
 
 def _heads(query, key):
@@ -147,7 +152,8 @@ def _heads(query, key):
     return b, t, n, key.shape[1], key.shape[2], h, pl.next_power_of_2(h)
 
 
-def _forward(query, key, value, q_segments, k_segments, q_positions, k_positions, interpret):
+def forward(query, key, value, q_segments, k_segments, q_positions, k_positions, interpret):
+    """(output, residuals): the residuals end with the rows' log-sum-exp [B, N, T]."""
     b, t, n, s, kv_heads, h, hp = _heads(query, key)
     group = n // kv_heads
     q_block = _block_size(t, FORWARD_BLOCKS[0], interpret)
@@ -240,7 +246,10 @@ def _dkv_kernel(blocks_ref, counts_ref, q_ref, k_ref, v_ref, q_seg_ref, k_seg_re
     plgpu.store(dv_ref, dv.astype(dv_ref.dtype), mask=head_mask)
 
 
-def _backward(interpret, residuals, d_out):
+def backward(interpret, residuals, d_out, grad_dtype=None):
+    """The gradients of query, key and value from forward's residuals (whose output and
+    log-sum-exp may be the whole row's, as the ring strategy's), in `grad_dtype` (default:
+    the inputs' own)."""
     query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse = residuals
     b, t, n, s, kv_heads, h, hp = _heads(query, key)
     group = n // kv_heads
@@ -272,7 +281,7 @@ def _backward(interpret, residuals, d_out):
             pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i)),
         ],
         out_specs=pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
-        out_shape=jax.ShapeDtypeStruct(query.shape, query.dtype),
+        out_shape=jax.ShapeDtypeStruct(query.shape, grad_dtype or query.dtype),
         compiler_params=params, interpret=interpret, name="paxloom_flash_dq",
     )(blocks, counts, query, key, value, *masks, d_out, lse, delta)
 
@@ -295,11 +304,15 @@ def _backward(interpret, residuals, d_out):
             pl.BlockSpec((None, group, t), lambda i, j, k: (j, k, 0)),
         ],
         out_specs=[pl.BlockSpec((None, k_block, None, hp), lambda i, j, k: (j, i, k, 0))] * 2,
-        out_shape=[jax.ShapeDtypeStruct(key.shape, key.dtype),
-                   jax.ShapeDtypeStruct(value.shape, value.dtype)],
+        out_shape=[jax.ShapeDtypeStruct(key.shape, grad_dtype or key.dtype),
+                   jax.ShapeDtypeStruct(value.shape, grad_dtype or value.dtype)],
         compiler_params=params, interpret=interpret, name="paxloom_flash_dkv",
     )(blocks, counts, query, key, value, *masks, d_out, lse, delta)
-    return d_query, d_key, d_value, None, None, None, None
+    return d_query, d_key, d_value
 
 
-flash_attention.defvjp(_forward, _backward)
+def _vjp_backward(interpret, residuals, d_out):
+    return (*backward(interpret, residuals, d_out), None, None, None, None)
+
+
+flash_attention.defvjp(forward, _vjp_backward)

@@ -134,16 +134,21 @@ MESHES = {  # [stage, replica, data, context, mdl]
     "cp2-fsdp2-tp2": [1, 1, 2, 2, 2],
     "cp4-tp2": [1, 1, 1, 4, 2],
 }
-# The kernel per device: flash_attention or XLA's masked attention on the gathered keys and
-# values (CONTEXT_PARALLEL_STRATEGY "all_gather"), or flash_attention's blocks around a ring.
-KERNELS = {"flash": ("flash", "all_gather"), "xla": ("xla", "all_gather"),
-           "ring": ("flash", "ring")}
-QUICK = {("gpt", True, "cp2-fsdp4", "flash"), ("gpt", True, "cp4-tp2", "ring")}
+# The kernel per device: flash_attention, the Pallas kernel (interpreted) or XLA's masked
+# attention on the gathered keys and values (CONTEXT_PARALLEL_STRATEGY "all_gather"), or
+# flash_attention's blocks or the Pallas kernel's around a ring.
+KERNELS = {"flash": ("flash", "all_gather"), "pallas": ("pallas", "all_gather"),
+           "xla": ("xla", "all_gather"), "ring": ("flash", "ring"),
+           "pallas-ring": ("pallas", "ring")}
+QUICK = {("gpt", True, "cp2-fsdp4", "flash"), ("gpt", True, "cp4-tp2", "ring"),
+         ("llama-gqa", True, "cp4-fsdp2", "pallas")}
 CASES = [pytest.param(family, packed, mesh, kernel,
                       marks=[] if (family, packed, mesh, kernel) in QUICK else [pytest.mark.slow],
                       id=f"{family}-{'packed' if packed else 'unpacked'}-{mesh}-{kernel}")
          for family in FAMILIES for packed in (True, False) for mesh in MESHES
-         for kernel in (("flash", "xla", "ring") if mesh == "cp2-fsdp4" else ("flash", "ring"))]
+         for kernel in (("flash", "pallas", "xla", "ring") if mesh == "cp2-fsdp4"
+                        else ("flash", "pallas", "ring", "pallas-ring") if mesh == "cp4-fsdp2"
+                        else ("flash", "ring"))]
 
 
 @pytest.mark.parametrize("family, packed, mesh, kernel", CASES)
@@ -270,7 +275,7 @@ def test_a_checkpoint_with_a_context_axis_restores_onto_a_mesh_without_one(tmp_p
     (dict(NUM_EXPERTS=8, MOE_HIDDEN_DIMS=32, CAPACITY_FACTOR=1.25),
      r"^CAPACITY_FACTOR=1.25 with 4-way context parallelism would drop other tokens"),
     (dict(CONTEXT_PARALLEL_STRATEGY="ring", ATTENTION_IMPL="xla"),
-     r"^CONTEXT_PARALLEL_STRATEGY='ring' computes each step with flash_attention"),
+     r"^CONTEXT_PARALLEL_STRATEGY='ring' computes each step with a flash kernel"),
 ])
 def test_what_cannot_run_with_a_context_axis_gets_one_line(overrides, message):
     experiment = MixtralTiny if "NUM_EXPERTS" in overrides else experiments.BaseExperiment

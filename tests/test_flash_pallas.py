@@ -81,12 +81,17 @@ def assert_close(found, expected, rtol):
         np.testing.assert_allclose(f, e, rtol=rtol, atol=rtol * np.abs(e).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
-@pytest.mark.parametrize("shards", [1, 2, 4], ids=lambda n: f"order{n}")
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 16), (4, 2, 16), (4, 1, 24)],
-                         ids=["mha", "gqa", "mqa-h24"])
-def test_the_kernel_equals_dense_attention(small_blocks, packed, shards, heads, kv_heads,
-                                           head_dim):
+HEADS = {"mha": (4, 4, 16), "gqa": (4, 2, 16), "mqa-h24": (4, 1, 24)}  # N, K, H
+QUICK = {("gqa", 4, True), ("mqa-h24", 2, True), ("mha", 1, False)}  # about 1 s each
+KERNEL_CASES = [pytest.param(*HEADS[heads], shards, packed, id=f"{heads}-order{shards}-"
+                             f"{'packed' if packed else 'unpacked'}",
+                             marks=[] if (heads, shards, packed) in QUICK else [pytest.mark.slow])
+                for heads in HEADS for shards in (1, 2, 4) for packed in (True, False)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,shards,packed", KERNEL_CASES)
+def test_the_kernel_equals_dense_attention(small_blocks, heads, kv_heads, head_dim, shards,
+                                           packed):
     segments, positions = rows(packed, shards)
     query, key, value = qkv(heads, kv_heads, head_dim)
     expected = outputs_and_grads(dense_reference, query, key, value, segments, positions)
