@@ -1,13 +1,18 @@
 """Attention kernels alone, forward + backward: milliseconds per call of each
 implementation of layers/attention.py at one shape, on whatever device is present.
 
-Rows: praxis's materialised attention (einsums around a float32 softmax, the mask as a
-bias), XLA's jax.nn.dot_product_attention, Pallas Triton with segment ids, cuDNN causal
-(no segments) and cuDNN packed (segments as lengths and starts) with one and with three
-documents per row. The packed cuDNN row is the path ATTENTION_IMPL=auto takes on Hopper.
+Rows (--rows, default all): praxis's materialised attention (einsums around a float32
+softmax, the mask as a bias), XLA's jax.nn.dot_product_attention, jax's Pallas Triton
+kernel with segment ids, cuDNN causal (no segments) and cuDNN packed (segments as lengths
+and starts), flash attention in plain JAX (layers/flash.py) and Paxloom's Pallas kernel
+masked by positions (layers/flash_pallas.py), each with one and with three documents per
+row. The packed cuDNN row is the path ATTENTION_IMPL=auto takes on Hopper; the last two
+are the kernels per device with a context axis.
 
     python bench/attention_kernels.py                          # B=8 T=2048 N=12 H=64 bf16
     python bench/attention_kernels.py --kv_heads 4 --heads 32  # grouped-query
+    python bench/attention_kernels.py --batch 1 --seq 16384 --heads 32 --kv_heads 8 \
+        --head_dim 128 --rows cudnn-packed,pallas-positions,flash   # a long row
     python bench/attention_kernels.py --tiny                   # CPU smoke run
 """
 
@@ -22,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from layers import attention  # noqa: E402
+from layers import attention, flash, flash_pallas  # noqa: E402
 
 
 def reference(query, key, value, segment_ids):
@@ -47,18 +52,35 @@ def pallas(query, key, value, segment_ids):
                                 interpret=jax.default_backend() != "gpu")
 
 
-def implementations(on_gpu: bool):
-    rows = {
-        "praxis (materialised)": reference,
-        "xla": lambda q, k, v, s: jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, implementation="xla"),
-        "pallas (segment ids)": pallas,
-    }
-    if on_gpu:
-        rows["cudnn causal"] = lambda q, k, v, s: jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, implementation="cudnn")
-        rows["cudnn packed"] = attention.cudnn_packed_attention
-    return rows
+def positions_of(segment_ids):
+    """Each token's position in its document, from [B, T] segment ids in row order."""
+    index = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+def by_positions(kernel):
+    """A kernel masked by segments and positions, given a row's segment ids."""
+    def call(query, key, value, segment_ids):
+        positions = positions_of(segment_ids)
+        return kernel(query, key, value, segment_ids, segment_ids, positions, positions)
+    return call
+
+
+# --rows name: (label, needs a GPU, call(query, key, value, segment_ids)).
+ROWS = {
+    "praxis": ("praxis (materialised)", False, reference),
+    "xla": ("xla", False, lambda q, k, v, s: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="xla")),
+    "pallas": ("pallas (segment ids)", False, pallas),
+    "cudnn": ("cudnn causal", True, lambda q, k, v, s: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="cudnn")),
+    "cudnn-packed": ("cudnn packed", True, attention.cudnn_packed_attention),
+    "flash": ("flash (plain JAX)", False, by_positions(flash.flash_attention)),
+    "pallas-positions": ("pallas (positions)", False, by_positions(
+        lambda *args: flash_pallas.flash_attention(*args, jax.default_backend() != "gpu"))),
+}
 
 
 def time_call(fn, args, repeats: int) -> float:
@@ -80,8 +102,19 @@ def main():
     parser.add_argument("--kv_heads", type=int, default=0, help="0 = as many as --heads")
     parser.add_argument("--head_dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help=f"comma-separated, of {', '.join(ROWS)}")
     parser.add_argument("--tiny", action="store_true", help="B=2 T=128 N=4 H=16 (CPU)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="check the arguments, print the rows and stop")
     args = parser.parse_args()
+    rows = args.rows.split(",")
+    unknown = [name for name in rows if name not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)} (one of {', '.join(ROWS)})")
+    if args.dry_run:
+        print("rows:", ", ".join(ROWS[name][0] for name in rows))
+        return
     if args.tiny:
         args.batch, args.seq, args.heads, args.head_dim, args.repeats = 2, 128, 4, 16, 2
     kv_heads = args.kv_heads or args.heads
@@ -101,20 +134,24 @@ def main():
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: B={b} T={t} "
           f"heads={args.heads} kv_heads={kv_heads} head_dim={args.head_dim} bf16, causal, "
           f"forward + backward, median of {args.repeats}")
-    for name, fn in implementations(on_gpu).items():
+    for name in rows:
+        label, needs_gpu, fn = ROWS[name]
+        if needs_gpu and not on_gpu:
+            continue
+
         def fwd_bwd(q, k, v, s, fn=fn):
             out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, s), q, k, v)
             return out, vjp(cotangent)
 
         step = jax.jit(fwd_bwd)
         for docs, segments in (("1 doc/row", one_doc), ("3 docs/row", three_docs)):
-            if name in ("xla", "cudnn causal") and docs != "1 doc/row":
+            if name in ("xla", "cudnn") and docs != "1 doc/row":
                 continue  # no segments: the same call as one document per row
             try:
                 ms = time_call(step, (query, key, value, segments), args.repeats)
-                print(f"  {name:24s} {docs:11s} {ms:8.3f} ms")
+                print(f"  {label:24s} {docs:11s} {ms:8.3f} ms")
             except Exception as e:  # noqa: BLE001 - a kernel this device lacks is a row
-                print(f"  {name:24s} {docs:11s} failed: {str(e).splitlines()[0][:120]}")
+                print(f"  {label:24s} {docs:11s} failed: {str(e).splitlines()[0][:120]}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@
 #            layers beside the dense Llama with a token's parameters, then Pax's GLaM126M64E;
 #            MFU on a token's active parameters
 #   fp8      FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
-#   long     (only when named: outside the 9 minutes) the longest sequence that trains on
-#            one GPU: Llama 3.1 8B's shape cut to 4 layers at 65536 and 131072 tokens
+#   long     (only when named: outside the 9 minutes) the attention kernels at 16384 tokens
+#            (cuDNN packed, jax's Pallas, the context axis's kernels: Pallas by positions and
+#            plain-JAX flash), then the longest sequence that trains on one GPU: Llama 3.1
+#            8B's shape cut to 4 layers at 65536 and 131072 tokens
 # A part may also use the seconds that the parts before it left unused, so the whole run
 # stays within the sum of the budgets. The last lines are a summary table (part, status,
 # key figure), also in $OUT/summary.txt; the exit status is non-zero when a part failed or
@@ -40,15 +42,16 @@ OPTIONAL_PARTS=(long)
 # (100 before), the 20 the total left unused, 15 of speed's (whose third row was already
 # the one to lose) and 5 of each other part: fp8, last, runs on its 50 and what the others
 # leave, and is the part to rerun (--parts fp8).
-# long: two rows, each a jax start (~15 s), a compile (40-70 s) and 4 steps (at 40% MFU,
-# planned 4 s each at 65536 tokens, ~16 s at 131072 with recomputation): 155-220 s, or
-# less where the second row stops at out of memory.
+# long: the kernels (a jax start, 4 kernels x 2 row kinds, each a compile and 6 calls of
+# at most ~0.1 s: ~60 s), then two rows, each a jax start (~15 s), a compile (40-70 s) and
+# 4 steps (at 40% MFU, planned 4 s each at 65536 tokens, ~16 s at 131072 with
+# recomputation): 155-220 s, or less where the second row stops at out of memory.
 declare -A BUDGET=([install]=25 [tests]=125 [default]=95 [speed]=145 [moe]=100 [fp8]=50
-                   [long]=240)
+                   [long]=300)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
 # tests/test_gpu_check.py checks that none is missing.
-GPU_TESTS=(tests/test_attention.py tests/test_fused_training.py)
+GPU_TESTS=(tests/test_attention.py tests/test_flash_pallas.py tests/test_fused_training.py)
 TEST_LIMIT_S=60  # per test; the longest is a pair of 10-step trainings
 SITE=/tmp/paxloom-site  # where the carried wheels go, beside the machine's own jax
 MAIN_FLAGS=("--fdl.ICI_MESH_SHAPE=[1,1,1]")  # one GPU; everything else as the experiment says
@@ -85,7 +88,7 @@ validate() {
     local check=()
     case "$1 ${2:-}" in
         "main.py "*) check=(--print_config) ;;
-        "bench/gpu_bench.py "*) check=(--dry_run) ;;
+        "bench/gpu_bench.py "* | "bench/attention_kernels.py "*) check=(--dry_run) ;;
         "-m pytest") check=(--collect-only -q) ;;
     esac  # anything else (gpu_check_figures.py versions) runs as it is: it is quick on CPU
     local log
@@ -176,6 +179,10 @@ part_fp8() {
 }
 
 part_long() {
+    # Llama 3.1 8B's attention (32 heads over 8 key/value heads of 128): a row's figures
+    # only, for the log; a kernel that fails is a row of its own, not the part's failure.
+    run long.log bench/attention_kernels.py --batch 1 --seq 16384 --heads 32 --kv_heads 8 \
+        --head_dim 128 --rows cudnn-packed,pallas,pallas-positions,flash --repeats 5
     # Shortest first: the key is the longest row that trained; a longer one that does not
     # fit (131072 tokens on an H100, as planned) is the expected end of the search.
     run long.log bench/gpu_bench.py --configs Llama8B_64K,Llama8B_128K --impls auto \
