@@ -6,9 +6,11 @@
   segments (documents) and positions, not by the order of the tokens, so it serves
   context parallelism's load-balanced order as well as rows in order
   (`causal_flash_attention`). ATTENTION_IMPL "flash"; the planner's stand-in for the fused
-  GPU kernels' memory; the kernel per device with a context axis.
+  GPU kernels' memory; the kernel per device with a context axis off GPUs (on GPUs,
+  layers/flash_pallas.py: the same mask as Pallas kernels).
 - `ring_attention`: context parallelism's ring strategy, under shard_map: each device's
-  queries against every device's keys and values, passed around the context axis.
+  queries against every device's keys and values, passed around the context axis, each
+  step by either kernel.
 - `segment_ids_from_positions`: the documents of a laid-out row, from its positions.
 
 layers/attention.py puts them in praxis's attention layers.
@@ -223,7 +225,7 @@ def _step_forward(pallas_interpret, query, key, value, masks):
     """One ring step's attention: (output, log-sum-exp [B, T, N] float32)."""
     if pallas_interpret is None:
         out, residuals = _flash_forward(query, key, value, *masks)
-        blocks, b, k, g, block = residuals[-1].shape  # [T/block, B, K, G, block]
+        _, b, k, g, _ = residuals[-1].shape  # [T/block, B, K, G, block]
         return out, jnp.transpose(residuals[-1], (1, 0, 4, 2, 3)).reshape(b, -1, k * g)
     out, residuals = flash_pallas.forward(query, key, value, *masks, pallas_interpret)
     return out, jnp.swapaxes(residuals[-1], 1, 2)  # [B, N, T] -> [B, T, N]

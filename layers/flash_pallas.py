@@ -2,7 +2,7 @@
 fused kernel per device under context parallelism (ATTENTION_IMPL "pallas", and "auto" on
 a GPU, with a context axis).
 
-The same contract as layers/flash.py's `flash_attention`, which is its reference: query q
+The same contract as layers/flash.py's `flash_attention` (its plain-JAX twin): query q
 sees key k when their segments (documents) are equal and k's position is not after q's.
 Unlike jax's Pallas and cuDNN kernels, whose causal mask compares the tokens' indices, this
 one holds for any order of the tokens, so it serves context parallelism's load-balanced
