@@ -152,6 +152,23 @@ def _heads(query, key):
     return b, t, n, key.shape[1], key.shape[2], h, pl.next_power_of_2(h)
 
 
+def _per_query_block_specs(blocks, counts, q_block: int, s: int, hp: int, group: int):
+    """The inputs of a kernel run per block of queries (grid: query block i, row j, head
+    k): its list of key blocks and their count, its queries, every key and value of its
+    key/value head, its segments and positions and every key's."""
+    return [
+        pl.BlockSpec((None, None, blocks.shape[2]), lambda i, j, k: (j, i, 0)),
+        pl.BlockSpec((None, counts.shape[1]), lambda i, j, k: (j, 0)),
+        pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
+        pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
+        pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
+        pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
+        pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
+        pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
+        pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
+    ]
+
+
 def forward(query, key, value, q_segments, k_segments, q_positions, k_positions, interpret):
     """(output, residuals): the residuals end with the rows' log-sum-exp [B, N, T]."""
     b, t, n, s, kv_heads, h, hp = _heads(query, key)
@@ -163,17 +180,7 @@ def forward(query, key, value, q_segments, k_segments, q_positions, k_positions,
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, k_block=k_block, head_dim=h),
         grid=(t // q_block, b, n),
-        in_specs=[
-            pl.BlockSpec((None, None, blocks.shape[2]), lambda i, j, k: (j, i, 0)),
-            pl.BlockSpec((None, counts.shape[1]), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
-            pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
-            pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
-            pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
-            pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
-            pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
-        ],
+        in_specs=_per_query_block_specs(blocks, counts, q_block, s, hp, group),
         out_specs=[pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
                    pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i))],
         out_shape=[jax.ShapeDtypeStruct(query.shape, query.dtype),
@@ -267,18 +274,10 @@ def backward(interpret, residuals, d_out, grad_dtype=None):
         functools.partial(_dq_kernel, k_block=k_block, head_dim=h),
         grid=(t // q_block, b, n),
         in_specs=[
-            pl.BlockSpec((None, None, blocks.shape[2]), lambda i, j, k: (j, i, 0)),
-            pl.BlockSpec((None, counts.shape[1]), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
-            pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
-            pl.BlockSpec((None, s, None, hp), lambda i, j, k: (j, 0, k // group, 0)),
-            pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
-            pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((None, q_block), lambda i, j, k: (j, i)),
-            pl.BlockSpec((None, s), lambda i, j, k: (j, 0)),
-            pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
-            pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i)),
-            pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i)),
+            *_per_query_block_specs(blocks, counts, q_block, s, hp, group),
+            pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),  # d_out
+            pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i)),  # lse
+            pl.BlockSpec((None, None, q_block), lambda i, j, k: (j, k, i)),  # delta
         ],
         out_specs=pl.BlockSpec((None, q_block, None, hp), lambda i, j, k: (j, i, k, 0)),
         out_shape=jax.ShapeDtypeStruct(query.shape, grad_dtype or query.dtype),
