@@ -260,10 +260,10 @@ def test_the_llama_family_builds_with_every_implementation(impl, kv_heads):
 
 def test_auto_and_refusals():
     def resolve(impl, packed=True, platform="gpu", dropout=0.0, hopper=True, dtype="bfloat16",
-                head_dim=64):
+                head_dim=64, context=1):
         return attention.resolve(impl, packed_input=packed, platform=platform,
                                  atten_dropout_prob=dropout, hopper_or_newer=hopper,
-                                 dtype=dtype, head_dim=head_dim)
+                                 dtype=dtype, head_dim=head_dim, context_shards=context)
 
     assert resolve("auto", platform="cpu") == "praxis"
     assert resolve("auto") == "cudnn"  # packed cuDNN on Hopper or newer
@@ -274,6 +274,10 @@ def test_auto_and_refusals():
     assert resolve("auto", head_dim=160, hopper=False, packed=False) == "pallas"
     assert resolve("auto", dropout=0.1) == "praxis"
     assert resolve("cudnn") == "cudnn"
+    # With a context axis: the kernels masked by positions (layers/flash_pallas.py, flash.py).
+    assert resolve("auto", context=4) == "pallas"
+    assert resolve("auto", context=4, platform="cpu") == "flash"
+    assert resolve("pallas", context=4, dtype="float32", hopper=False) == "pallas"
     for settings, message in ((dict(hopper=False), "only on Hopper or newer"),
                               (dict(platform="cpu"), "needs a GPU"),
                               (dict(dtype="float32"), "needs FPROP_DTYPE bfloat16"),
