@@ -35,6 +35,10 @@ from jax.experimental.pallas import triton as plgpu
 # pallas/ops/gpu/attention.py BlockSizes.get_default), unmeasured for this kernel.
 FORWARD_BLOCKS = (128, 128)
 BACKWARD_BLOCKS = (32, 32)
+# At most this many bytes in a block's tile of queries, keys or values (128 rows of 128
+# bfloat16s): XLA:GPU's Triton refuses 128-row blocks of float32 heads of 128 for an
+# H100's shared memory (263,168 bytes asked, 232,448 there), so wider rows get fewer.
+MAX_TILE_BYTES = 128 * 128 * 2
 # Scores of masked entries: finite, so a row whose block shows it no key yet stays finite
 # (its weights are wiped by the first visible key: exp(MASKED - real) is 0).
 MASKED = -0.7 * float(np.finfo(np.float32).max)
@@ -56,8 +60,11 @@ def flash_attention(query, key, value, q_segments, k_segments, q_positions, k_po
                    interpret)[0]
 
 
-def _block_size(length: int, preferred: int, interpret: bool) -> int:
-    size = math.gcd(length, preferred)
+def _block_size(length: int, preferred: int, x, interpret: bool) -> int:
+    """Rows per block of a [B, length, heads, H] array x: `preferred`, fewer where a tile
+    would pass MAX_TILE_BYTES, dividing `length`."""
+    row_bytes = pl.next_power_of_2(x.shape[-1]) * x.dtype.itemsize
+    size = math.gcd(length, min(preferred, max(MAX_TILE_BYTES // row_bytes, 1)))
     if size < MIN_GPU_BLOCK and not interpret:
         raise ValueError(f"the Pallas attention kernel needs each device's sequence length "
                          f"to be a multiple of {MIN_GPU_BLOCK} (not {length})")
@@ -173,8 +180,8 @@ def forward(query, key, value, q_segments, k_segments, q_positions, k_positions,
     """(output, residuals): the residuals end with the rows' log-sum-exp [B, N, T]."""
     b, t, n, s, kv_heads, h, hp = _heads(query, key)
     group = n // kv_heads
-    q_block = _block_size(t, FORWARD_BLOCKS[0], interpret)
-    k_block = _block_size(s, FORWARD_BLOCKS[1], interpret)
+    q_block = _block_size(t, FORWARD_BLOCKS[0], query, interpret)
+    k_block = _block_size(s, FORWARD_BLOCKS[1], key, interpret)
     blocks, counts = _block_lists(_visible_blocks(q_segments, q_positions, k_segments,
                                                   k_positions, q_block, k_block))
     out, lse = pl.pallas_call(
@@ -260,8 +267,8 @@ def backward(interpret, residuals, d_out, grad_dtype=None):
     query, key, value, q_segments, k_segments, q_positions, k_positions, out, lse = residuals
     b, t, n, s, kv_heads, h, hp = _heads(query, key)
     group = n // kv_heads
-    q_block = _block_size(t, BACKWARD_BLOCKS[0], interpret)
-    k_block = _block_size(s, BACKWARD_BLOCKS[1], interpret)
+    q_block = _block_size(t, BACKWARD_BLOCKS[0], query, interpret)
+    k_block = _block_size(s, BACKWARD_BLOCKS[1], key, interpret)
     visible = _visible_blocks(q_segments, q_positions, k_segments, k_positions, q_block,
                               k_block)
     # Each row's sum of d_out * out: the softmax's share of the scores' gradient.
