@@ -127,14 +127,9 @@ class _FusedKernels:
     def _pallas(self, query, key, value, segment_ids):
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
-        # jax's default blocks (128 forward, 32 backward), shrunk for short test sequences.
-        block, backward_block = min(128, query.shape[1]), min(32, query.shape[1])
         kernel = functools.partial(
             pallas_attention.mha, sm_scale=1.0, causal=True, interpret=self.pallas_interpret,
-            block_sizes=pallas_attention.BlockSizes(
-                block_q=block, block_k=block, block_q_dkv=backward_block,
-                block_kv_dkv=backward_block, block_q_dq=backward_block,
-                block_kv_dq=backward_block))
+            block_sizes=pallas_block_sizes(query))
         blnh = self.activation_split_dims_mapping.blnh
         if not self.mesh_axis_names or blnh is None:
             return kernel(query, key, value, segment_ids)
@@ -267,6 +262,19 @@ def use_context_parallelism(lm: fdl.Config, strategy: str) -> None:
     lm.packed_input = True
     transformer_layer_template(lm.stacked_transformer_tpl).tr_atten_tpl.context_strategy = (
         strategy)
+
+
+def pallas_block_sizes(query):
+    """jax's Pallas kernel's blocks for query [B, T, N, H]: its defaults (128 forward, 32
+    backward), fewer for short test sequences and for wide rows (layers/flash_pallas.py
+    block_rows: float32 heads of 128 in 128-row blocks do not fit an H100's shared memory)."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    block, backward = (min(flash_pallas.block_rows(query, rows), query.shape[1])
+                       for rows in (128, 32))
+    return pallas_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=backward,
+                                       block_kv_dkv=backward, block_q_dq=backward,
+                                       block_kv_dq=backward)
 
 
 def _repeat_heads(x, num_heads: int):

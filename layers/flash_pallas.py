@@ -37,7 +37,8 @@ FORWARD_BLOCKS = (128, 128)
 BACKWARD_BLOCKS = (32, 32)
 # At most this many bytes in a block's tile of queries, keys or values (128 rows of 128
 # bfloat16s): XLA:GPU's Triton refuses 128-row blocks of float32 heads of 128 for an
-# H100's shared memory (263,168 bytes asked, 232,448 there), so wider rows get fewer.
+# H100's shared memory (263,168 bytes asked, 232,448 there; jax's Pallas kernel too), so
+# wider rows get fewer.
 MAX_TILE_BYTES = 128 * 128 * 2
 # Scores of masked entries: finite, so a row whose block shows it no key yet stays finite
 # (its weights are wiped by the first visible key: exp(MASKED - real) is 0).
@@ -60,11 +61,16 @@ def flash_attention(query, key, value, q_segments, k_segments, q_positions, k_po
                    interpret)[0]
 
 
-def _block_size(length: int, preferred: int, x, interpret: bool) -> int:
-    """Rows per block of a [B, length, heads, H] array x: `preferred`, fewer where a tile
-    would pass MAX_TILE_BYTES, dividing `length`."""
+def block_rows(x, preferred: int) -> int:
+    """Rows per block of a [B, T, heads, H] array x in a Triton kernel: `preferred`, fewer
+    where a tile would pass MAX_TILE_BYTES (heads padded to a power of 2)."""
     row_bytes = pl.next_power_of_2(x.shape[-1]) * x.dtype.itemsize
-    size = math.gcd(length, min(preferred, max(MAX_TILE_BYTES // row_bytes, 1)))
+    return min(preferred, max(MAX_TILE_BYTES // row_bytes, 1))
+
+
+def _block_size(length: int, preferred: int, x, interpret: bool) -> int:
+    """block_rows, dividing `length`."""
+    size = math.gcd(length, block_rows(x, preferred))
     if size < MIN_GPU_BLOCK and not interpret:
         raise ValueError(f"the Pallas attention kernel needs each device's sequence length "
                          f"to be a multiple of {MIN_GPU_BLOCK} (not {length})")

@@ -2,8 +2,8 @@
 its output and gradients equal an independent dense reference (XLA's attention with the
 mask written out) on rows in order and in context parallelism's load-balanced order, packed
 and not, with grouped-query heads and a head size that is not a power of 2; its block lists
-skip only blocks without a visible entry; and it compiles for an H100 through XLA:GPU's
-Triton without a GPU. Off a GPU it runs in Pallas's interpret mode; on one (bench/gpu_check.sh)
+skip only blocks without a visible entry; and it (with jax's Pallas kernel at
+layers/attention.py's blocks) compiles for an H100 through XLA:GPU's Triton without a GPU. Off a GPU it runs in Pallas's interpret mode; on one (bench/gpu_check.sh)
 compiled, in bfloat16 too."""
 
 import jax
@@ -171,8 +171,17 @@ compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
     spec(b, t, n, h), spec(b, s, k, h), spec(b, s, k, h), spec(b, s, dtype=jnp.int32)
 ).lower(lowering_platforms=("cuda",)).compile()
 text = compiled.as_text()
-print(*(name for name in ("paxloom_flash_forward", "paxloom_flash_dq", "paxloom_flash_dkv")
-        if f'name = "{name}"' in text))
+# ATTENTION_IMPL "pallas" without a context axis: jax's kernel with layers/attention.py's blocks.
+from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+from layers import attention
+def jax_kernel_loss(q, key, v, segments):
+    return pallas_attention.mha(q, key, v, segments, causal=True,
+                                block_sizes=attention.pallas_block_sizes(q)).sum()
+text += jax.jit(jax.grad(jax_kernel_loss, argnums=(0, 1, 2))).trace(
+    spec(b, t, n, h), spec(b, t, n, h), spec(b, t, n, h), spec(b, t, dtype=jnp.int32)
+).lower(lowering_platforms=("cuda",)).compile().as_text()
+print(*(name for name in ("paxloom_flash_forward", "paxloom_flash_dq", "paxloom_flash_dkv",
+                          "mha_forward", "mha_backward") if f'name = "{name}"' in text))
 """
 
 
@@ -183,9 +192,11 @@ print(*(name for name in ("paxloom_flash_forward", "paxloom_flash_dq", "paxloom_
 def test_the_kernels_compile_for_an_h100_without_one(dtype):
     # XLA:GPU lowers each kernel's Triton IR and compiles it for sm_90 at compile time, so a
     # kernel Triton cannot build (an array that is not a power of 2, too much shared memory)
-    # fails here: float32 heads of 128 in 128-row blocks did (MAX_TILE_BYTES).
+    # fails here: float32 heads of 128 in 128-row blocks did (MAX_TILE_BYTES), in this
+    # kernel and in jax's (ATTENTION_IMPL "pallas" without a context axis, and what "auto"
+    # picks for float32 on a GPU).
     out = run_python("-c", COMPILE_FOR_H100, dtype, env=session_env(XLA_FLAGS=""),
                      timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["paxloom_flash_forward", "paxloom_flash_dq",
-                                  "paxloom_flash_dkv"]
+                                  "paxloom_flash_dkv", "mha_forward", "mha_backward"]
