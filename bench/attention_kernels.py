@@ -52,18 +52,10 @@ def pallas(query, key, value, segment_ids):
                                 interpret=jax.default_backend() != "gpu")
 
 
-def positions_of(segment_ids):
-    """Each token's position in its document, from [B, T] segment ids in row order."""
-    index = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
-    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
-
-
 def by_positions(kernel):
     """A kernel masked by segments and positions, given a row's segment ids."""
     def call(query, key, value, segment_ids):
-        positions = positions_of(segment_ids)
+        positions = flash.positions_from_segment_ids(segment_ids)
         return kernel(query, key, value, segment_ids, segment_ids, positions, positions)
     return call
 

@@ -11,7 +11,8 @@
 - `ring_attention`: context parallelism's ring strategy, under shard_map: each device's
   queries against every device's keys and values, passed around the context axis, each
   step by either kernel.
-- `segment_ids_from_positions`: the documents of a laid-out row, from its positions.
+- `segment_ids_from_positions`: the documents of a laid-out row, from its positions, and
+  `positions_from_segment_ids` the other way for a row in order.
 
 layers/attention.py puts them in praxis's attention layers.
 """
@@ -299,6 +300,15 @@ def _ring_backward(shards, pallas_interpret, residuals, d_out):
 
 
 _ring.defvjp(_ring_forward, _ring_backward)
+
+
+def positions_from_segment_ids(segment_ids):
+    """[B, T] segment ids in row order -> each token's position in its document (0 where
+    its segment starts), as packed rows carry them in segment_pos."""
+    index = jnp.broadcast_to(jnp.arange(segment_ids.shape[1]), segment_ids.shape)
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 def segment_ids_from_positions(positions, order):

@@ -95,12 +95,13 @@ def _visible_blocks(q_segments, q_positions, k_segments, k_positions, q_block, k
             & (kp_lo[:, None, :] <= qp_hi[:, :, None]))
 
 
-def _pad_pow2(x, axis: int, fill: int = 0):
-    """x padded along `axis` to a power-of-2 length (Triton loads power-of-2 arrays)."""
+def _pad_pow2(x, axis: int):
+    """x padded with zeros along `axis` to a power-of-2 length (Triton loads power-of-2
+    arrays; the padding is never read: counts bound every list)."""
     extra = pl.next_power_of_2(x.shape[axis]) - x.shape[axis]
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
-    return jnp.pad(x, widths, constant_values=fill)
+    return jnp.pad(x, widths)
 
 
 def _block_lists(visible):

@@ -75,14 +75,6 @@ def _mask(inputs, segment_ids, paddings):
     return mask
 
 
-def _positions(segment_ids):
-    """Each token's position within its document (as packed Pile rows carry them)."""
-    starts = jnp.concatenate([jnp.ones((B, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
-                             axis=1)
-    index = jnp.broadcast_to(jnp.arange(T), (B, T))
-    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
-
-
 def _layer(family, fused: bool, dtype, **fields):
     common = dict(name="attention", input_dim=D, hidden_dim=D, num_heads=N, dim_per_head=H,
                   fprop_dtype=dtype, **fields)
@@ -116,7 +108,7 @@ def test_fused_attention_equals_praxis_forward_and_gradients(family, kind, impl,
     inputs = jax.random.normal(jax.random.key(1), (B, T, D), jnp.float32).astype(dtype)
     segment_ids, paddings = _rows(kind)
     mask = _mask(inputs, segment_ids, paddings)
-    positions = _positions(segment_ids)
+    positions = flash.positions_from_segment_ids(segment_ids)
     real = (1.0 - paddings)[:, :, None]  # padding positions' outputs carry no weight
     cotangent = jax.random.normal(jax.random.key(2), (B, T, D), jnp.float32) * real
     extra = {} if family == "mha" else {"query_segment_pos": positions,
