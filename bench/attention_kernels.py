@@ -13,10 +13,17 @@ are the kernels per device with a context axis.
     python bench/attention_kernels.py --kv_heads 4 --heads 32  # grouped-query
     python bench/attention_kernels.py --batch 1 --seq 16384 --heads 32 --kv_heads 8 \
         --head_dim 128 --rows cudnn-packed,pallas-positions,flash   # a long row
+    python bench/attention_kernels.py --rows cudnn-packed --max_segments 2048,32,1 \
+        --repeats 0                                            # cuDNN's buffers by bound
     python bench/attention_kernels.py --tiny                   # CPU smoke run
+
+Each row also shows XLA's temporary memory of its compiled forward + backward (the
+kernel's own buffers: for cuDNN packed, sized by its segment bound, --max_segments);
+--repeats 0 compiles only.
 """
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -68,15 +75,23 @@ ROWS = {
     "pallas": ("pallas (segment ids)", False, pallas),
     "cudnn": ("cudnn causal", True, lambda q, k, v, s: jax.nn.dot_product_attention(
         q, k, v, is_causal=True, implementation="cudnn")),
-    "cudnn-packed": ("cudnn packed", True, attention.cudnn_packed_attention),
+    "cudnn-packed": ("cudnn packed", True, None),  # per --max_segments (main)
     "flash": ("flash (plain JAX)", False, by_positions(flash.flash_attention)),
     "pallas-positions": ("pallas (positions)", False, by_positions(
         lambda *args: flash_pallas.flash_attention(*args, jax.default_backend() != "gpu"))),
 }
 
 
-def time_call(fn, args, repeats: int) -> float:
-    """Median milliseconds of fn(*args) after one warm-up (compilation) call."""
+def temp_gib(compiled) -> float | None:
+    """XLA's temporary buffers of a compiled call, GiB (None where the backend has none)."""
+    stats = compiled.memory_analysis()
+    return None if stats is None else stats.temp_size_in_bytes / 2**30
+
+
+def time_call(fn, args, repeats: int) -> float | None:
+    """Median milliseconds of fn(*args) after one warm-up call; None for no repeats."""
+    if not repeats:
+        return None
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
@@ -93,7 +108,10 @@ def main():
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--kv_heads", type=int, default=0, help="0 = as many as --heads")
     parser.add_argument("--head_dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20, help="0: compile only")
+    parser.add_argument("--max_segments", default="32",
+                        help="comma-separated segment bounds of the cudnn-packed row "
+                             "(MAX_SEGMENTS_PER_SEQ; 0: the sequence length)")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help=f"comma-separated, of {', '.join(ROWS)}")
     parser.add_argument("--tiny", action="store_true", help="B=2 T=128 N=4 H=16 (CPU)")
@@ -126,10 +144,18 @@ def main():
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: B={b} T={t} "
           f"heads={args.heads} kv_heads={kv_heads} head_dim={args.head_dim} bf16, causal, "
           f"forward + backward, median of {args.repeats}")
+    variants = []
     for name in rows:
         label, needs_gpu, fn = ROWS[name]
         if needs_gpu and not on_gpu:
             continue
+        if name == "cudnn-packed":
+            variants += [(f"{label} M={m or t}", name, functools.partial(
+                attention.cudnn_packed_attention, max_segments=m))
+                for m in map(int, args.max_segments.split(","))]
+        else:
+            variants.append((label, name, fn))
+    for label, name, fn in variants:
 
         def fwd_bwd(q, k, v, s, fn=fn):
             out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, s), q, k, v)
@@ -140,10 +166,16 @@ def main():
             if name in ("xla", "cudnn") and docs != "1 doc/row":
                 continue  # no segments: the same call as one document per row
             try:
-                ms = time_call(step, (query, key, value, segments), args.repeats)
-                print(f"  {label:24s} {docs:11s} {ms:8.3f} ms")
+                call_args = (query, key, value, segments)
+                compiled = step.lower(*call_args).compile()
+                temp = temp_gib(compiled)
+                ms = time_call(compiled, call_args, args.repeats)
+                print(f"  {label:28s} {docs:11s} "
+                      f"{'-' if ms is None else f'{ms:8.3f} ms':>11s} "
+                      f"{'-' if temp is None else f'{temp:9.3f} GiB temp'}", flush=True)
             except Exception as e:  # noqa: BLE001 - a kernel this device lacks is a row
-                print(f"  {label:24s} {docs:11s} failed: {str(e).splitlines()[0][:120]}")
+                print(f"  {label:28s} {docs:11s} failed: {str(e).splitlines()[0][:120]}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ times the raw GEMMs.
 """
 
 import argparse
+import ast
 import importlib.util
 import itertools
 import json
@@ -257,11 +258,25 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
     }
 
 
+def settings_of(pairs: list[str]) -> dict:
+    """--set NAME=VALUE pairs -> {NAME: value}, each value a Python literal or else a string."""
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set {pair!r}: expected NAME=VALUE")
+        try:
+            settings[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            settings[name] = value
+    return settings
+
+
 def run_one(args) -> int:
     """--one CONFIG IMPL: measure one row here and print it as one JSON line."""
     name, impl = args.one
     row = {"experiment": name, "attention": impl, "tiny": args.tiny, "steps": args.steps,
-           "fp8": args.fp8}
+           "fp8": args.fp8, "settings": args.settings}
     try:
         if impl == "torch":
             from bench import torch_gpt
@@ -276,7 +291,7 @@ def run_one(args) -> int:
             jax.config.update("jax_enable_compilation_cache", False)
             exp = experiment(name, impl, tiny=args.tiny, devices=jax.device_count(),
                              percore_batch_size=args.percore_batch_size,
-                             unpacked=args.unpacked, fp8=args.fp8)
+                             unpacked=args.unpacked, fp8=args.fp8, settings=args.settings)
             row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops,
                                        args.loss_steps))
     except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
@@ -326,7 +341,7 @@ def dry_run(args, configs: list[str], impls: list[str]) -> int:
         try:
             experiment(name, impl, tiny=bool(args.tiny), devices=1,
                        percore_batch_size=args.percore_batch_size, unpacked=args.unpacked,
-                       fp8=fp8).run_config()
+                       fp8=fp8, settings=args.settings).run_config()
         except Exception as e:  # UserError for a bad value, anything else from the graph
             print(f"error: {name} {impl}{' fp8' if fp8 else ''}: {e}", file=sys.stderr)
             return 1
@@ -364,6 +379,8 @@ def child_argv(args, name: str, impl: str, fp8: bool = False) -> list[str]:
         argv += ["--percore_batch_size", str(args.percore_batch_size)]
     if args.unpacked:
         argv.append("--unpacked")
+    for setting in args.set:
+        argv += ["--set", setting]
     return argv
 
 
@@ -401,6 +418,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="2 layers x 64 (default on CPU)")
     parser.add_argument("--unpacked", action="store_true",
                         help="PACKED_INPUT=False in every row (plain causal attention)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a hyperparameter for every row, over the row's own (repeatable; "
+                             "e.g. --set MAX_SEGMENTS_PER_SEQ=32)")
     parser.add_argument("--fp8", action="store_true",
                         help="after each row, the same with USE_FP8=True, its speed over the "
                              "bfloat16 row's and the loss of both after --loss_steps steps")
@@ -434,6 +454,10 @@ def main() -> int:
     if args.probe:
         return run_probe()
     configs, impls = args.configs.split(","), args.impls.split(",")
+    try:
+        args.settings = settings_of(args.set)
+    except ValueError as e:
+        parser.error(str(e))
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown config {unknown[0]!r}; choose from {', '.join(CONFIGS)}")

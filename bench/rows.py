@@ -59,13 +59,14 @@ TINY_ROW = {name: {"MOE_HIDDEN_DIMS": 256 // 8}
 
 def experiment(name: str, impl: str, *, tiny: bool, devices: int,
                percore_batch_size: float | None = None, unpacked: bool = False,
-               fp8: bool = False):
-    """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`."""
+               fp8: bool = False, settings: dict | None = None):
+    """The experiment instance of one row: CONFIGS' overrides on a mesh of `devices`, then
+    `settings` (gpu_bench.py --set) over everything."""
     import experiments  # here, not above: gpu_bench's parent process never builds one
 
     overrides, layout = CONFIGS[name]
     cls = experiments.resolve(f"experiments.{ROW_EXPERIMENT.get(name, name)}")
-    settings = {
+    row_settings = {
         **overrides,
         "ICI_MESH_SHAPE": [devices, 1, 1] if layout == "dp" else [1, devices, 1],
         "DCN_MESH_SHAPE": [1, 1, 1],
@@ -74,16 +75,16 @@ def experiment(name: str, impl: str, *, tiny: bool, devices: int,
         **(TINY_ROW.get(name, {}) if tiny else {}),
     }
     if "NUM_GPUS" in cls.hyperparameter_types():  # GLaM checks it against the mesh (Pax's)
-        settings["NUM_GPUS"] = devices
+        row_settings["NUM_GPUS"] = devices
     if impl != "torch" and not (impl == "auto" and "ATTENTION_IMPL" in overrides):
-        settings["ATTENTION_IMPL"] = impl
+        row_settings["ATTENTION_IMPL"] = impl
     if unpacked:
-        settings["PACKED_INPUT"] = False
+        row_settings["PACKED_INPUT"] = False
     if fp8:
-        settings["USE_FP8"] = True
+        row_settings["USE_FP8"] = True
     if percore_batch_size:
-        settings["PERCORE_BATCH_SIZE"] = percore_batch_size
-    return cls(**settings)
+        row_settings["PERCORE_BATCH_SIZE"] = percore_batch_size
+    return cls(**{**row_settings, **(settings or {})})
 
 
 HEADER = (f"{'experiment':<14} {'attention':<14} {'gemm':<4} {'packed':<6} {'params':>8} "

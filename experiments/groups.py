@@ -72,6 +72,10 @@ class Model(Group):
     SOFTMAX_INIT_STD: float = 0.02  # Gaussian init of the output (tied embedding) weights
     LAYERNORM_EPSILON: float = 1e-5  # epsilon of every norm (LayerNorm; RMSNorm in Llama)
     PACKED_INPUT: bool = True  # segment ids keep attention inside documents
+    # The most segments (documents, a row's trailing padding counting as one) the packer
+    # puts in one row, MaxText's max_segments_per_seq: cuDNN's packed attention sizes its
+    # buffers by it (layers/attention.py), so a row of T tokens is not T possible segments.
+    MAX_SEGMENTS_PER_SEQ: int = 32
     EMBEDDING_LOOKUP_STYLE: str = "matmul"  # one-hot "matmul" (as Pax) or gather "index"
     ATTENTION_IMPL: str = "auto"  # auto | praxis | xla | cudnn | pallas (layers/attention.py)
     # Training cross-entropy over chunks of this many positions of every sequence, so only
@@ -91,7 +95,7 @@ class Model(Group):
 
     def _check(self) -> None:
         _positive(self, "NUM_LAYERS", "NUM_HEADS", "MODEL_DIMS", "HIDDEN_DIMS",
-                  "DIMS_PER_HEAD", "VOCAB_SIZE", "MAX_SEQ_LEN")
+                  "DIMS_PER_HEAD", "VOCAB_SIZE", "MAX_SEQ_LEN", "MAX_SEGMENTS_PER_SEQ")
         if self.LOSS_CHUNK_LEN < 0:
             raise UserError(f"LOSS_CHUNK_LEN={self.LOSS_CHUNK_LEN} must be >= 0 (0 computes the "
                             f"loss in one pass)")

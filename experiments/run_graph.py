@@ -170,7 +170,8 @@ def _with_attention_impl(exp, model, target: TargetDevice):
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(
             layer, impl, hopper_or_newer=hopper,
-            pallas_interpret=not target.planned and platform != "gpu")
+            pallas_interpret=not target.planned and platform != "gpu",
+            max_segments=exp.MAX_SEGMENTS_PER_SEQ)
     except ValueError as e:
         raise UserError(str(e)) from None
     note = attention.packed_gqa_note(layer)

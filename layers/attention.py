@@ -74,6 +74,9 @@ class _FusedKernels:
       context_strategy: with a context axis, "all_gather" (keys and values gathered) or
         "ring" (passed around the axis, layers/flash.py ring_attention).
       cudnn_packed: give cuDNN each row's segments (Hopper or newer); else plain causal.
+      max_segments: the most segments a row holds (MAX_SEGMENTS_PER_SEQ, padding at a
+        row's end counting as one), the width of cuDNN's packed layout; 0: the row's
+        length. cuDNN sizes its per-segment buffers by it (cudnn_buffer_bytes).
       pallas_interpret: run the Pallas kernel in interpret mode (tests off a GPU).
     """
 
@@ -102,7 +105,8 @@ class _FusedKernels:
             if key.shape[2] != query.shape[2] and not packed_gqa_is_correct():
                 key, value = (_repeat_heads(x, query.shape[2]) for x in (key, value))
             encoded = cudnn_packed_attention(
-                query, key, value, segment_ids_from_mask(atten_mask, batch_size))
+                query, key, value, segment_ids_from_mask(atten_mask, batch_size),
+                self.max_segments)
         elif impl == "cudnn":
             encoded = jax.nn.dot_product_attention(
                 query, key, value, scale=1.0, is_causal=True, implementation="cudnn")
@@ -198,6 +202,7 @@ class FusedDotProductAttention(_FusedKernels, qk_norm.QkNormDotProductAttention)
 
     attention_impl: str = "xla"
     cudnn_packed: bool = True
+    max_segments: int = 0
     pallas_interpret: bool = False
     context_strategy: str = "all_gather"
 
@@ -233,6 +238,7 @@ class FusedMultiQueryDotProductAttention(_FusedKernels,
 
     attention_impl: str = "xla"
     cudnn_packed: bool = True
+    max_segments: int = 0
     pallas_interpret: bool = False
     context_strategy: str = "all_gather"
 
@@ -310,29 +316,34 @@ def segment_ids_from_mask(atten_mask, batch_size: int):
     return jnp.cumsum(jnp.concatenate([first, starts.astype(jnp.int32)], axis=1), axis=1)
 
 
-def cudnn_segments(segment_ids):
-    """[B, T] segment ids (1, 2, ... along each row) -> (lengths [B, T], starts [B, T + 1]),
+def cudnn_segments(segment_ids, max_segments: int = 0):
+    """[B, T] segment ids (1, 2, ... along each row) -> (lengths [B, M], starts [B, M + 1]),
     the arguments of jax's packed cuDNN attention: each row's segment lengths and start
-    positions in order, -1 past its last segment. A row has at most T segments; the extra
-    start column is the layout's (jax shifts the -1 entries out)."""
+    positions in order, -1 past its last segment. M is `max_segments` (0: T, every token
+    its own segment at most); a row with more segments than M loses those past M, which
+    the input pipeline refuses before they get here (tasks/packing.py
+    check_segment_bound). The extra start column is the layout's (jax shifts the -1
+    entries out)."""
     batch_size, seq_len = segment_ids.shape
-    lengths = jax.vmap(functools.partial(jnp.bincount, length=seq_len))(segment_ids - 1)
-    real = jnp.arange(seq_len)[None, :] < segment_ids[:, -1:]  # segment m exists in row b
+    width = min(max_segments or seq_len, seq_len)
+    lengths = jax.vmap(functools.partial(jnp.bincount, length=width))(segment_ids - 1)
+    real = jnp.arange(width)[None, :] < segment_ids[:, -1:]  # segment m exists in row b
     starts = jnp.cumsum(lengths, axis=1) - lengths
     pad = jnp.full((batch_size, 1), -1, jnp.int32)
     return (jnp.where(real, lengths, -1).astype(jnp.int32),
             jnp.concatenate([jnp.where(real, starts, -1).astype(jnp.int32), pad], axis=1))
 
 
-def cudnn_packed_attention(query, key, value, segment_ids):
+def cudnn_packed_attention(query, key, value, segment_ids, max_segments: int = 0):
     """Causal attention within each segment through cuDNN's packed layout (Hopper+).
-    query [B, T, N, H] (scaled), key/value [B, T, K, H], segment_ids [B, T]."""
+    query [B, T, N, H] (scaled), key/value [B, T, K, H], segment_ids [B, T], at most
+    `max_segments` segments a row (0: T)."""
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
 
     # jax.nn.dot_product_attention takes no segments (a boolean mask becomes a dense bias
     # whose gradient cuDNN refuses for batch > 1, jax#23701), so this calls the function
     # under it, which does.
-    lengths, starts = cudnn_segments(segment_ids)
+    lengths, starts = cudnn_segments(segment_ids, max_segments)
     return cudnn.dot_product_attention(
         query, key, value, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=starts,
         kv_offsets=starts, scale=1.0, mask_type=cudnn.MaskType.PADDING_CAUSAL,
@@ -385,7 +396,7 @@ def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int,
 
 
 def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = True,
-                       pallas_interpret: bool = False) -> None:
+                       pallas_interpret: bool = False, max_segments: int = 0) -> None:
     """Make the Transformer layer template `layer` use attention implementation `impl`
     (already resolved): its praxis attention template becomes the fused subclass.
     `pallas_interpret`: run Pallas interpreted (tests off a GPU; the planner instead traces
@@ -407,6 +418,7 @@ def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = 
     fdl.update_callable(attention, fused_cls)
     attention.attention_impl = impl
     attention.cudnn_packed = hopper_or_newer
+    attention.max_segments = max_segments
     attention.pallas_interpret = impl == "pallas" and pallas_interpret
 
 
