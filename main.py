@@ -144,6 +144,7 @@ def run_mode(exp, config, selection) -> None:
 
     job.run(exp, job.RunOptions(
         job_log_dir=FLAGS.job_log_dir, mode=FLAGS.mode, peak_tflops=FLAGS.peak_tflops,
+        device_memory_gb=FLAGS.device_memory_gb,
         restore_checkpoint_dir=FLAGS.restore_checkpoint_dir,
         restore_checkpoint_step=FLAGS.restore_checkpoint_step,
         preemption_signal=FLAGS.preemption_signal,

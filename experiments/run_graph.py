@@ -160,20 +160,26 @@ def _with_attention_impl(exp, model, target: TargetDevice):
     dropout = exp.DROPOUT_PROB if exp.ATTEN_DROPOUT_PROB is None else exp.ATTEN_DROPOUT_PROB
     # The fused kernels have no logit cap (validate refuses naming one with ATTEN_LOGIT_CAP).
     choice = "praxis" if exp.ATTEN_LOGIT_CAP > 0 else exp.ATTENTION_IMPL
+    kv_heads = getattr(exp, "NUM_KV_HEADS", None) or exp.NUM_HEADS
+    settings = dict(packed_input=exp.PACKED_INPUT, hopper_or_newer=hopper,
+                    dtype=exp.FPROP_DTYPE, grouped_kv=kv_heads < exp.NUM_HEADS)
+    context_shards = mesh_axes.axis_size(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS)
     try:
-        impl = attention.resolve(choice, packed_input=exp.PACKED_INPUT,
-                                 platform=platform, atten_dropout_prob=dropout,
-                                 hopper_or_newer=hopper, dtype=exp.FPROP_DTYPE,
-                                 head_dim=exp.DIMS_PER_HEAD,
-                                 context_shards=mesh_axes.axis_size(
-                                     exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE, CONTEXT_AXIS))
+        impl = attention.resolve(choice, platform=platform, atten_dropout_prob=dropout,
+                                 head_dim=exp.DIMS_PER_HEAD, context_shards=context_shards,
+                                 **settings)
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(
             layer, impl, hopper_or_newer=hopper,
             pallas_interpret=not target.planned and platform != "gpu",
-            max_segments=exp.MAX_SEGMENTS_PER_SEQ)
+            max_segments=exp.MAX_SEGMENTS_PER_SEQ, packed_input=exp.PACKED_INPUT)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if platform == "gpu":
+        case = attention.case_of(context=context_shards > 1, **settings)
+        note = attention.start_note(choice, impl, case)
+        if note:
+            log(note)
     note = attention.packed_gqa_note(layer)
     if note:
         log(note)

@@ -32,6 +32,9 @@ flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan:
 flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
 flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
                    "instead of the table's.")
+flags.DEFINE_float("device_memory_gb", 0.0, "Memory one device can give the run, in GB, for "
+                   "the check before the first train step (default: the GPU allocator's "
+                   "limit; no check on CPU without it).")
 flags.DEFINE_bool("list_experiments", False, "List the registered experiments and exit; "
                   "with --fdl_config=MODULE, the experiments that module defines.")
 flags.DEFINE_bool("print_config", False, "Print the effective hyperparameters and the Fiddle "
@@ -119,6 +122,7 @@ def _check(name: str, ok, expected: str) -> None:
 
 _check("plan_mfu", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.4")
 _check("plan_device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: the table's)")
+_check("device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: ask the device)")
 _check("peak_tflops", lambda v: 0 <= v < float("inf"), ">= 0 (0: looked up from the device)")
 _check("num_hosts", lambda v: v >= 1, "at least 1")
 _check("distributed_timeout_s", lambda v: v >= 1, "at least 1 second")

@@ -27,6 +27,7 @@ class RunOptions:
     job_log_dir: str
     mode: str = "train"  # train | eval
     peak_tflops: float = 0.0  # per device; 0: looked up from the device kind
+    device_memory_gb: float = 0.0  # per device, for the check before step 1; 0: ask it
     restore_checkpoint_dir: str | None = None
     restore_checkpoint_step: int | None = None
     preemption_signal: str | None = "SIGUSR1"
@@ -74,13 +75,17 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
         # The callbacks the run has, decided once, in the order the loop calls them.
         callbacks = [watchdog, ConsoleSummaries(),
                      TensorBoard(job_log_dir, exp.hyperparameters())]
-        trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=options.peak_tflops)
+        trainer = Trainer(run_spec, mesh, job_log_dir, peak_tflops=options.peak_tflops,
+                          device_memory_gb=options.device_memory_gb)
         # Every process has looked for checkpoints before any creates the directory (the
         # Checkpointer below): a process that finds it created mid-check would enter
         # orbax's collective directory handling alone and fail with a sync mismatch.
         _barrier("paxloom:restore_source")
         state, input_state, start_step, resumed_step = _starting_state(
             trainer, source, options, config)
+        if start_step < run_spec.loop.max_steps:  # stop here, recording nothing, if it won't fit
+            state = trainer.init_state() if state is None else state
+            trainer.check_step_fits(state)
         if _is_primary():  # only once training is sure to start: a refused run records nothing
             record.record_config(job_log_dir, exp, config, resumed_step,
                                  record.run_record(options.data_locations, run_spec.tokenizer))

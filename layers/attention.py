@@ -54,7 +54,7 @@ from praxis.layers import attentions, multi_query_attention
 
 from core import sequence_order, target
 from core.mesh_axes import CONTEXT_AXIS
-from layers import flash, flash_pallas, qk_norm
+from layers import flash, flash_pallas, measured, qk_norm
 from layers.stack import transformer_layer_template
 
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "flash", "auto")
@@ -334,6 +334,33 @@ def cudnn_segments(segment_ids, max_segments: int = 0):
             jnp.concatenate([jnp.where(real, starts, -1).astype(jnp.int32), pad], axis=1))
 
 
+def cudnn_buffer_bytes(batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                       max_segments: int) -> tuple[int, int]:
+    """(kept, workspace): the bytes cuDNN's packed attention holds beyond what the planner's
+    stand-in (layers/flash.py, a float32 log-sum-exp [B, N, T] kept per layer) holds, for one
+    layer's call on B rows of T tokens, N query heads of H over K key/value heads, at most
+    M segments a row. An upper bound, from two sources:
+
+    - jax's fused_attention_stablehlo.py (0.10.2 and 0.11.2) sizes the forward's softmax
+      statistics (B * M, N, T) float32, kept for the backward pass: M times the stand-in's.
+    - The backward's buffers are decided inside cuDNN when XLA:GPU compiles the call, so
+      they are measured: XLA's temporaries of one compiled forward + backward on an H200
+      (jax 0.11.2, cuDNN 9.19, 2026-11-27, bench/attention_kernels.py --rows cudnn-packed)
+      were M * B * T * N * (4H * G + 8) bytes, G = 2 with fewer key/value heads than query
+      heads, else 1: 99.006 GiB at B=8 T=2048 N=12 H=64 M=2048 (1.547 GiB at M=32, 0.048 at
+      M=1); 516.002 GiB at B=2 T=4096 N=16 K=4 H=128 M=4096 (4.031 at M=32); 129.0 GiB at
+      B=1 T=2048 N=32 K=4 H=128 M=2048 (2.016 at M=32). Every figure is that formula's to
+      within 0.1%; the 4H * G bytes are a float32 per-segment query-gradient accumulator
+      (two with grouped heads). It is live during one layer's backward at a time.
+    """
+    segments = min(max_segments or seq_len, seq_len)
+    stats = batch * heads * seq_len * 4  # one float32 per row, head and token
+    kept = (segments - 1) * stats
+    grouped = 2 if kv_heads < heads else 1
+    workspace = segments * batch * seq_len * heads * (4 * head_dim * grouped + 8)
+    return kept, workspace
+
+
 def cudnn_packed_attention(query, key, value, segment_ids, max_segments: int = 0):
     """Causal attention within each segment through cuDNN's packed layout (Hopper+).
     query [B, T, N, H] (scaled), key/value [B, T, K, H], segment_ids [B, T], at most
@@ -352,13 +379,17 @@ def cudnn_packed_attention(query, key, value, segment_ids, max_segments: int = 0
 
 def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float,
             hopper_or_newer: bool = True, dtype: str = "bfloat16", head_dim: int = 64,
-            context_shards: int = 1) -> str:
+            context_shards: int = 1, grouped_kv: bool = False) -> str:
     """The implementation to use for ATTENTION_IMPL=`impl` on `platform`; ValueError (one
     line) for a choice that cannot be exact or cannot run there. `hopper_or_newer`: the
     GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE;
-    `context_shards`: the size of the mesh's context axis."""
+    `context_shards`: the size of the mesh's context axis; `grouped_kv`: fewer key/value
+    heads than query heads. 'auto' on a GPU takes the fastest path a GPU has measured
+    working in this case (layers/measured.py); start_note says when it took none."""
     if context_shards > 1:
-        return _resolve_for_context(impl, atten_dropout_prob, context_shards, platform)
+        return _resolve_for_context(impl, atten_dropout_prob, context_shards, platform,
+                                    case_of(packed_input, grouped_kv, dtype, True,
+                                            hopper_or_newer))
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
@@ -374,20 +405,37 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
     if impl == "auto":
         if atten_dropout_prob > 0 or platform != "gpu":
             return "praxis"
-        return "pallas" if cudnn_problem else "cudnn"
+        allowed = [i for i in IMPLS if i != "auto" and not (i == "cudnn" and cudnn_problem)]
+        return measured.choose("attention", case_of(packed_input, grouped_kv, dtype, False,
+                                                    hopper_or_newer), allowed)
     if impl == "cudnn" and cudnn_problem:
         raise ValueError(f"ATTENTION_IMPL='cudnn' {cudnn_problem}")
     return impl
 
 
+def case_of(packed_input: bool, grouped_kv: bool, dtype: str, context: bool,
+            hopper_or_newer: bool) -> measured.Case:
+    """The case of layers/measured.py's table that a run's attention is."""
+    return measured.Case(packed=packed_input, grouped_kv=grouped_kv, dtype=dtype,
+                         context=context, hopper=hopper_or_newer)
+
+
+def start_note(named: str, resolved: str, case: measured.Case) -> str | None:
+    """On a GPU, the line to show at start when ATTENTION_IMPL=`named` runs `resolved`,
+    which no GPU has measured working in `case` (None when one has)."""
+    return measured.unmeasured_note("attention", resolved, case, chosen_by_auto=named == "auto")
+
+
 def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int,
-                         platform: str) -> str:
+                         platform: str, case: measured.Case) -> str:
     where = f"with {shards}-way context parallelism (the mesh's context axis)"
     if atten_dropout_prob > 0:
         raise ValueError(f"attention dropout {where} is not built; set ATTEN_DROPOUT_PROB=0 "
                          f"(and DROPOUT_PROB=0, which it defaults to)")
     if impl == "auto":
-        return "pallas" if platform == "gpu" else "flash"
+        if platform != "gpu":
+            return "flash"
+        return measured.choose("attention", case, CONTEXT_IMPLS)
     if impl not in CONTEXT_IMPLS:
         raise ValueError(f"ATTENTION_IMPL={impl!r} cannot attend {where} (only "
                          f"{' and '.join(map(repr, CONTEXT_IMPLS))} can); use 'auto', or a "
@@ -396,7 +444,8 @@ def _resolve_for_context(impl: str, atten_dropout_prob: float, shards: int,
 
 
 def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = True,
-                       pallas_interpret: bool = False, max_segments: int = 0) -> None:
+                       pallas_interpret: bool = False, max_segments: int = 0,
+                       packed_input: bool = True) -> None:
     """Make the Transformer layer template `layer` use attention implementation `impl`
     (already resolved): its praxis attention template becomes the fused subclass.
     `pallas_interpret`: run Pallas interpreted (tests off a GPU; the planner instead traces
@@ -417,7 +466,9 @@ def use_attention_impl(layer: fdl.Config, impl: str, *, hopper_or_newer: bool = 
                          f"{attention.cls.__name__}; use 'praxis'")
     fdl.update_callable(attention, fused_cls)
     attention.attention_impl = impl
-    attention.cudnn_packed = hopper_or_newer
+    # Unpacked rows (one document, padding only at the end) are exact under the plain causal
+    # call, which needs no per-segment buffers.
+    attention.cudnn_packed = hopper_or_newer and packed_input
     attention.max_segments = max_segments
     attention.pallas_interpret = impl == "pallas" and pallas_interpret
 

@@ -125,12 +125,16 @@ class Memory:
     outputs: int
     aliased: int
     temporaries: int
+    # What the GPU's attention kernel holds beyond the stand-in traced in its place
+    # (attention_kernel_bytes); 0 where the traced program is the one that runs.
+    kernel_buffers: int = 0
 
     @property
     def peak(self) -> int:
         """Everything the step holds at once: inputs, outputs not written over donated
-        inputs, and the temporaries' high-water mark."""
-        return self.arguments + self.outputs - self.aliased + self.temporaries
+        inputs, the temporaries' high-water mark and the attention kernel's own buffers."""
+        return (self.arguments + self.outputs - self.aliased + self.temporaries
+                + self.kernel_buffers)
 
     @property
     def analytic_floor(self) -> int:
@@ -292,7 +296,9 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
         state=_device_bytes(state), gradients=params,
         batch=_device_bytes(batch), arguments=analysis.argument_size_in_bytes,
         outputs=analysis.output_size_in_bytes, aliased=analysis.alias_size_in_bytes,
-        temporaries=analysis.temp_size_in_bytes)
+        temporaries=analysis.temp_size_in_bytes,
+        kernel_buffers=attention_kernel_bytes(config, trainer.batch_layout, run.model_shape,
+                                              dict(mesh.shape)))
     program = compiled.as_text()
     traffic = hlo_text.step_traffic(program, dict(mesh.shape), ici, dcn)
     return Plan(
@@ -306,6 +312,34 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
         upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
         compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
         num_layers=run.model_shape.num_layers, pipeline=run.pipeline)
+
+
+def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.ModelShape,
+                           mesh_shape: dict[str, int]) -> int:
+    """Per device, the bytes cuDNN's packed attention holds beyond the plain-JAX flash
+    kernel the plan traces in its place (layers/attention.py cudnn_buffer_bytes): its
+    softmax statistics kept by each of the device's layers (an upper bound: as if every
+    layer kept them, whatever CHECKPOINT_POLICY recomputes) and one layer's backward
+    workspace. 0 for every other kernel, whose traced program is what runs."""
+    from fiddle import daglish
+
+    from layers import attention
+
+    fused = (attention.FusedDotProductAttention, attention.FusedMultiQueryDotProductAttention)
+    template = next((value for value, _ in daglish.iterate(config.model)
+                     if isinstance(value, fdl.Buildable) and value.__fn_or_cls__ in fused),
+                    None)
+    if (template is None or template.attention_impl != "cudnn" or not template.cudnn_packed
+            or mesh_shape.get(mesh_axes.CONTEXT_AXIS, 1) > 1):
+        return 0
+    stages = mesh_shape.get("stage", 1)
+    rows = (batch.microbatch_size or batch.sub_batch) * stages // batch.batch_shards
+    tensor = mesh_shape.get("mdl", 1)
+    kv_heads = getattr(template, "num_kv_heads", None) or shape.num_heads
+    kept, workspace = attention.cudnn_buffer_bytes(
+        max(rows, 1), shape.seq_len, max(shape.num_heads // tensor, 1),
+        max(kv_heads // tensor, 1), shape.dims_per_head, template.max_segments)
+    return kept * (shape.num_layers // stages) + workspace
 
 
 def _device_bytes(tree) -> int:
@@ -368,7 +402,9 @@ def report_lines(p: Plan) -> list[str]:
         row("outputs (new state + metrics)", m.outputs, None),
         row("  of which written over donated arguments", m.aliased, None),
         row("temporaries (activations, gradients, ...)", m.temporaries, None),
-        row("peak (arguments + outputs - donated + temps)", m.peak, None),
+        *([row("cuDNN packed attention's own buffers (bound)", None, m.kernel_buffers)]
+          if m.kernel_buffers else []),
+        row("peak (arguments + outputs - donated + temps + kernel)", m.peak, None),
         row("floor (state + gradients + batch)", None, m.analytic_floor),
     ]
     big = [(array, size) for array, size in p.upcast_copies if size >= 0.01 * m.temporaries]

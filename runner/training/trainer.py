@@ -35,7 +35,7 @@ from runner.state.train_state import (
     replicated_matrices,
     state_shardings,
 )
-from runner.training import accumulation, compile_log, throughput
+from runner.training import accumulation, compile_log, memory_check, throughput
 from runner.training.builtin_callbacks import CallbackList, check_finite
 from runner.training.prefetch import Prefetcher
 
@@ -43,8 +43,11 @@ from runner.training.prefetch import Prefetcher
 class Trainer:
     """Owns the compiled step functions of one run on one mesh."""
 
-    def __init__(self, run: RunSpec, mesh: Mesh, job_log_dir: str, peak_tflops: float = 0.0):
+    def __init__(self, run: RunSpec, mesh: Mesh, job_log_dir: str, peak_tflops: float = 0.0,
+                 device_memory_gb: float = 0.0):
         self.run, self.mesh, self.job_log_dir = run, mesh, job_log_dir
+        # The memory a device can give, for the check before the first step; 0: ask it.
+        self.device_memory_gb = device_memory_gb
         compile_log.register()
         self.model, self.tx = run.model, run.optimizer
         self.batch_layout = spec.batch_layout(run)
@@ -314,6 +317,16 @@ class Trainer:
         self._save(info, unchecked, callbacks, final=True)
         callbacks.on_end(info)
         return state
+
+    def check_step_fits(self, state) -> None:
+        """Compile the train step for `state` and a batch of this run's shapes (its first
+        call reuses the executable) and stop, in one line, if it cannot fit the devices
+        (runner/training/memory_check.py)."""
+        batch = {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.data_sharding)
+                 for k, s in self.batch_shapes.items()}
+        with jax.set_mesh(self.mesh):
+            compiled = self.train_step.lower(state, batch).compile()
+        memory_check.check_fits(compiled, self.mesh.local_devices, self.device_memory_gb)
 
     def _save(self, info: StepInfo, unchecked: list, callbacks: CallbackList,
               final: bool) -> list:
