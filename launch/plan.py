@@ -100,7 +100,14 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
         fsdp.append(({"ICI_MESH_SHAPE": mesh_axes.written_like(written_ici, ici),
                       "DCN_MESH_SHAPE": mesh_axes.written_like(written_dcn, dcn)},
                      "weights gathered across nodes (the slow network) for every layer"))
-    changes = {"rematerialisation (CHECKPOINT_POLICY)": remat,
+    segments = []
+    if p.memory.kernel_buffers:  # cuDNN's packed attention sizes its buffers by the bound
+        bound = hp["MAX_SEGMENTS_PER_SEQ"]
+        segments = [({"MAX_SEGMENTS_PER_SEQ": m}, f"at most {m} documents a row (the padding "
+                     f"at a row's end counts as one): a little more padding")
+                    for m in (32, 16, 8) if m < bound]
+    changes = {"documents per row (MAX_SEGMENTS_PER_SEQ)": segments,
+               "rematerialisation (CHECKPOINT_POLICY)": remat,
                "smaller batch (PERCORE_BATCH_SIZE)": smaller,
                "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
                "more FSDP (mesh)": fsdp}

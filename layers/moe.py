@@ -48,6 +48,19 @@ template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams
 # The experts' matmuls (`expert_mlp`); experiments/groups.py checks MOE_BACKEND against it.
 BACKENDS = ("ragged_dot", "padded", "tokamax")
+# tokamax releases known to fail on a jax release (by major.minor), what they fail with, and
+# where that was seen: tokamax declares jax>=0.9.2 and does not refuse these itself.
+TOKAMAX_FAILS_ON = {("0.0.12", "0.11"): "Mesh.__init__() got an unexpected keyword argument "
+                                         "'out_shape' (an H200, jax 0.11.2, 2026-11-27)"}
+
+
+def tokamax_problem(tokamax_version: str, jax_version: str) -> str | None:
+    """Why tokamax `tokamax_version` cannot run on jax `jax_version`, or None."""
+    failure = TOKAMAX_FAILS_ON.get((tokamax_version, ".".join(jax_version.split(".")[:2])))
+    return None if failure is None else (
+        f"tokamax {tokamax_version} fails on jax {jax_version}: {failure}")
+
+
 # The per-expert weights ([E, ...]) of this layer and of praxis's GShard layer (GLaM), by
 # parameter name inside a decoder layer's `ff_layer`: a token uses k of their E slices.
 EXPERT_WEIGHTS = ("wi_gate", "wi_up", "wo", "wi_0", "wi_gate_0", "wo_0")

@@ -1,6 +1,7 @@
 """The dropless mixture of experts (layers/moe.py) against a per-expert loop written here,
 its capacity path, its expert-parallel sharding, and the run around it (issue 32)."""
 
+import importlib.metadata
 import importlib.util
 import math
 import sys
@@ -350,6 +351,19 @@ def test_accumulated_sub_batches_train_like_one_pass(tmp_path):
 def test_bad_moe_settings_get_one_line(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
         LlamaBase(**{**MOE, "ICI_MESH_SHAPE": [1, 8, 1], **overrides})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("tokamax"), reason="tokamax is not installed")
+def test_tokamax_is_refused_on_a_jax_it_fails_on(monkeypatch):
+    assert moe.tokamax_problem("0.0.12", "0.10.2") is None
+    assert "'out_shape'" in moe.tokamax_problem("0.0.12", "0.11.2")
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "0.11.2" if name == "jax" else real(name))
+    with pytest.raises(UserError, match=r"tokamax 0.0.12 fails on jax 0.11.2: .*"
+                                        r"use MOE_BACKEND='ragged_dot'") as info:
+        LlamaBase(**{**MOE, "ICI_MESH_SHAPE": [1, 8, 1], "MOE_BACKEND": "tokamax"})
     assert "\n" not in str(info.value)
 
 

@@ -73,7 +73,9 @@ GPU_CAVEATS = """\
 - Compiled by XLA:GPU (jax {jax}'s CUDA plugin) for the planned GPU's description, without
   a GPU: XLA's own fusions, buffer assignment and collectives, but no autotuning (default
   GEMM and fusion configurations), and cuDNN or Pallas attention traced as a plain-JAX
-  flash kernel that keeps what they keep (no [T, T] scores). Against four runs measured
+  flash kernel (no [T, T] scores); cuDNN's packed layout adds its own buffers, sized by
+  MAX_SEGMENTS_PER_SEQ, as a bound measured on an H200 (layers/attention.py
+  cudnn_buffer_bytes). Against four runs measured
   on an H100 (jax 0.11.2), the plan was 0.99 to 1.17 times the real peak (docs/guides/planning.md,
   "Checked against an H100"); the cuDNN runs planned high.
 - Not in the figure: what the runtime holds outside the program (the CUDA context, cuBLAS
@@ -93,9 +95,9 @@ CPU_CAVEATS = """\
   * XLA:GPU fuses differently, reserves cuBLAS/cuDNN workspace and NCCL buffers, and its
     latency-hiding scheduler overlaps collectives with compute, which keeps more alive.
   * The attention kernel is the one ATTENTION_IMPL resolves to on the planned GPU ("auto":
-    cuDNN for bf16 on an H100 or H200; Pallas for float32, or packed rows on an A100).
-    Both are traced as a plain-JAX flash kernel that keeps what they keep (no [T, T]
-    scores).
+    the fastest a GPU has measured, layers/gpu_measurements.json: cuDNN for bf16 on an
+    H100 or H200). cuDNN and Pallas are traced as a plain-JAX flash kernel (no [T, T]
+    scores), plus cuDNN's packed buffers as a measured bound.
   Against four runs measured on an H100 such plans were 2.0 to 2.7 times the real peak,
   so a plan within about 3x of the budget is a question for XLA:GPU (--plan_compiler=gpu).
 - XLA:CPU runs bfloat16 collectives in float32 (its float normalization; right after
@@ -402,9 +404,9 @@ def report_lines(p: Plan) -> list[str]:
         row("outputs (new state + metrics)", m.outputs, None),
         row("  of which written over donated arguments", m.aliased, None),
         row("temporaries (activations, gradients, ...)", m.temporaries, None),
-        *([row("cuDNN packed attention's own buffers (bound)", None, m.kernel_buffers)]
+        *([row("+ cuDNN packed attention's own buffers (bound)", None, m.kernel_buffers)]
           if m.kernel_buffers else []),
-        row("peak (arguments + outputs - donated + temps + kernel)", m.peak, None),
+        row("peak (arguments + outputs - donated + temps)", m.peak, None),
         row("floor (state + gradients + batch)", None, m.analytic_floor),
     ]
     big = [(array, size) for array, size in p.upcast_copies if size >= 0.01 * m.temporaries]
