@@ -144,7 +144,8 @@ def run(config, options: DecodeOptions) -> list[dict]:
     _show(records)
     if jax.process_index() == 0:
         path = os.path.join(options.job_log_dir, OUTPUTS_FILE)
-        try:
+        try:  # a new job directory (decoding starting weights) is made here
+            os.makedirs(options.job_log_dir, exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         except OSError as error:

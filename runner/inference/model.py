@@ -21,9 +21,10 @@ from praxis.layers import transformers
 
 from core.data import BATCH_DTYPES, Tokenizer
 from core.errors import UserError
+from core.log import log
 from layers import architecture
 from runner.cluster import mesh as mesh_lib
-from runner.state import checkpoints
+from runner.state import checkpoints, initial_weights
 from runner.state.train_state import make_init_fn, param_partition_specs
 
 
@@ -62,21 +63,35 @@ def load(config: fdl.Config, job_log_dir: str, *, what: str,
     checkpoint_dir = checkpoints.job_checkpoint_dir(job_log_dir)
     source = checkpoints.restore_source(checkpoint_dir, restore_checkpoint_dir,
                                         restore_checkpoint_step, mode="eval")
-    if source is None:
+    initial = (pax_fiddle.build(config.initial_weights)
+               if source is None and config.initial_weights is not None else None)
+    if source is None and initial is None:
         raise UserError(f"{what} needs a checkpoint, and {checkpoint_dir} has none; train "
-                        f"first (e.g. make run)")
+                        f"first (e.g. make run), or set --fdl.CHECKPOINT_RESTORE_PATH to the "
+                        f"starting weights (e.g. from tools.import_hf)")
+    if initial is not None and initial.ignore_rules:
+        raise UserError(f"{what}: CHECKPOINT_IGNORE_RULES leave parameters of the starting "
+                        f"weights untrained, and {checkpoint_dir} has no checkpoint; train "
+                        f"first")
     tokenizer = load_tokenizer(config)  # before the slow part
     model = pax_fiddle.build(unpipelined(config.model))
     mesh_spec = pax_fiddle.build(config.mesh)
     mesh = mesh_lib.create_mesh(mesh_spec.ici_mesh_shape, mesh_spec.dcn_mesh_shape,
                                 devices=devices)
     abstract = abstract_params(model, mesh, shape.seq_len)
-    restored = checkpoints.restore(*source, {"params": abstract}, params_only=True)
+    if initial is not None:
+        # No checkpoint of the job's own: the starting weights, every parameter read.
+        log(f"{what}: {checkpoint_dir} has no checkpoint; reading the starting weights "
+            f"{initial.path} (CHECKPOINT_RESTORE_PATH)")
+        params = initial_weights.load(initial, abstract, abstract, unpipelined(config.model))
+        step, path = 0, initial.path
+    else:
+        restored = checkpoints.restore(*source, {"params": abstract}, params_only=True)
+        params, step, path = restored.state["params"], restored.step, restored.path
     return InferenceModel(
-        arch=arch, params=restored.state["params"],
+        arch=arch, params=params,
         param_shardings=jax.tree_util.tree_map(lambda a: a.sharding, abstract), mesh=mesh,
-        step=restored.step, checkpoint=restored.path, max_seq_len=shape.seq_len,
-        tokenizer=tokenizer)
+        step=step, checkpoint=path, max_seq_len=shape.seq_len, tokenizer=tokenizer)
 
 
 def unpipelined(model: fdl.Config) -> fdl.Config:
