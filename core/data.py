@@ -57,6 +57,10 @@ class DataSettings:
     seed: int  # TRAIN_INPUT_RANDOM_SEED
     packed: bool  # PACKED_INPUT: documents packed across rows (else one per row)
     eval_batches: int  # EVAL_BATCHES; 0: no held-out evaluation
+    # MAX_SEGMENTS_PER_SEQ: the most segments (documents, a row's trailing padding counting
+    # as one) a batch row may hold; 0: no bound. Datasets that pack rows keep to it; the
+    # runtime refuses a batch with a row over it (tasks/packing.py check_segment_bound).
+    max_segments: int = 0
     lambada_eval: bool = False  # LAMBADA_EVAL: add Lambada (text datasets only)
     lambada_max_examples: int = 0  # LAMBADA_MAX_EXAMPLES; 0: all
     # VALIDATION_FILES / VALIDATION_FRACTION: held-out data, for datasets that take it

@@ -77,6 +77,9 @@ class ModelShape:
     # The share of each expert's weights one token uses (experts per token / experts) in a
     # mixture of experts, for FLOPs per token; 1.0 for a dense model.
     expert_share: float = 1.0
+    # MAX_SEQ_LEN's twin for segments: the most a batch row may hold (MAX_SEGMENTS_PER_SEQ);
+    # rows with more are refused before they reach the devices. 0: unchecked.
+    max_segments: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

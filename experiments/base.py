@@ -142,6 +142,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
         return data.DataSettings(
             seq_len=self.MAX_SEQ_LEN, vocab_size=self.VOCAB_SIZE,
             seed=self.TRAIN_INPUT_RANDOM_SEED, packed=self.PACKED_INPUT,
+            max_segments=self.MAX_SEGMENTS_PER_SEQ,
             eval_batches=self.EVAL_BATCHES, lambada_eval=self.LAMBADA_EVAL,
             lambada_max_examples=self.LAMBADA_MAX_EXAMPLES,
             validation_files=self.VALIDATION_FILES,

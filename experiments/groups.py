@@ -75,6 +75,8 @@ class Model(Group):
     # The most segments (documents, a row's trailing padding counting as one) the packer
     # puts in one row, MaxText's max_segments_per_seq: cuDNN's packed attention sizes its
     # buffers by it (layers/attention.py), so a row of T tokens is not T possible segments.
+    # The packer cuts a row short after its (M-1)-th document rather than exceed it
+    # (tasks/packing.py); batches that arrive packed with more are refused. At least 2.
     MAX_SEGMENTS_PER_SEQ: int = 32
     EMBEDDING_LOOKUP_STYLE: str = "matmul"  # one-hot "matmul" (as Pax) or gather "index"
     ATTENTION_IMPL: str = "auto"  # auto | praxis | xla | cudnn | pallas (layers/attention.py)
@@ -95,7 +97,11 @@ class Model(Group):
 
     def _check(self) -> None:
         _positive(self, "NUM_LAYERS", "NUM_HEADS", "MODEL_DIMS", "HIDDEN_DIMS",
-                  "DIMS_PER_HEAD", "VOCAB_SIZE", "MAX_SEQ_LEN", "MAX_SEGMENTS_PER_SEQ")
+                  "DIMS_PER_HEAD", "VOCAB_SIZE", "MAX_SEQ_LEN")
+        if self.MAX_SEGMENTS_PER_SEQ < 2:
+            raise UserError(f"MAX_SEGMENTS_PER_SEQ={self.MAX_SEGMENTS_PER_SEQ} must be at least "
+                            f"2: a row's trailing padding counts as one segment, so a padded "
+                            f"row holds at most MAX_SEGMENTS_PER_SEQ-1 documents")
         if self.LOSS_CHUNK_LEN < 0:
             raise UserError(f"LOSS_CHUNK_LEN={self.LOSS_CHUNK_LEN} must be >= 0 (0 computes the "
                             f"loss in one pass)")
@@ -256,6 +262,15 @@ class MixtureOfExperts(Group):
         if self.MOE_BACKEND == "tokamax" and not importlib.util.find_spec("tokamax"):
             raise UserError("MOE_BACKEND='tokamax': tokamax is not installed; pip install "
                             "'.[moe]' (tokamax==0.0.12), or use MOE_BACKEND='ragged_dot'")
+        if self.MOE_BACKEND == "tokamax":
+            from importlib import metadata
+
+            from layers.moe import tokamax_problem
+
+            problem = tokamax_problem(metadata.version("tokamax"), metadata.version("jax"))
+            if problem:
+                raise UserError(f"MOE_BACKEND='tokamax': {problem}; use "
+                                f"MOE_BACKEND='ragged_dot'")
         if self.MOE_BACKEND == "padded" and self.NUM_EXPERTS and self.CAPACITY_FACTOR <= 0:
             raise UserError("MOE_BACKEND='padded' computes each expert over a buffer of its "
                             "capacity; set CAPACITY_FACTOR > 0 (e.g. 1.25), or use "

@@ -78,7 +78,8 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
                                num_heads=exp.NUM_HEADS, dims_per_head=exp.DIMS_PER_HEAD,
                                seq_len=exp.MAX_SEQ_LEN, vocab_size=exp.VOCAB_SIZE,
                                expert_share=(exp.NUM_EXPERTS_PER_TOKEN / exp.NUM_EXPERTS
-                                             if exp.NUM_EXPERTS else 1.0)),
+                                             if exp.NUM_EXPERTS else 1.0),
+                               max_segments=exp.MAX_SEGMENTS_PER_SEQ),
         make_train_input=exp.train_dataset(settings),
         evals=exp.evaluations(settings),
         tokenizer=exp.dataset().tokenizer(settings),

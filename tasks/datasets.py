@@ -113,7 +113,7 @@ class _PileLayout:
         return fdl.Partial(pile_train_input, data_dir=self._nodes(settings)[0],
                            vocab=self.tokenizer(settings), seq_len=settings.seq_len,
                            seed=settings.seed, packed=settings.packed,
-                           cache_dir=settings.cache_dir)
+                           max_segments=settings.max_segments, cache_dir=settings.cache_dir)
 
     def evaluations(self, settings: DataSettings):
         data_dir, vocab = self._nodes(settings)
@@ -123,7 +123,8 @@ class _PileLayout:
                 evaluations.TokenLossEval, name="pile_val",
                 make_input=fdl.Partial(pile_eval_input, data_dir=data_dir, vocab=vocab,
                                        seq_len=settings.seq_len,
-                                       num_batches=settings.eval_batches)))
+                                       num_batches=settings.eval_batches,
+                                       max_segments=settings.max_segments)))
         if settings.lambada_eval:
             evals.append(lambada_evaluation(settings, data_dir, vocab,
                                             settings.lambada_max_examples))
@@ -181,14 +182,16 @@ def sample_vocab_path() -> str:
 
 
 def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_size, process_rows,
-                     cache_dir=None):
+                     cache_dir=None, max_segments=0):
     return PileTrainInput(layout.pile_train_files(data_dir), vocab, seq_len, global_batch_size,
-                          process_rows, seed, packed=packed, cache_dir=cache_dir)
+                          process_rows, seed, packed=packed, cache_dir=cache_dir,
+                          max_segments=max_segments)
 
 
-def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows):
+def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows,
+                    max_segments=0):
     return PileEvalInput(layout.pile_val_files(data_dir), vocab, seq_len, global_batch_size,
-                         num_batches, process_rows)
+                         num_batches, process_rows, max_segments=max_segments)
 
 
 # Checked before the first step (core/data.py), not when first read.

@@ -2,7 +2,10 @@
 
 Training (`PileTrainInput`) reads prepared token shards (tasks/prepare.py; made on
 first use if missing) through memory maps. The stream `[EOS] doc [EOS] doc ...`
-is cut into sequences as described in tasks/packing.py. Global batch k is
+is cut into sequences as described in tasks/packing.py: row k at k*L, or, under a
+segment bound that cuts some rows (MAX_SEGMENTS_PER_SEQ), where `packed_rows` finds
+it from the documents' ends, stored as runs of rows L apart between cut rows (a
+few bytes per cut row, found in seconds for The Pile). Global batch k is
 
     epoch, i = divmod(k, batches_per_epoch)
     sequences perm_epoch[i*G : (i+1)*G]          G = global_batch_size
@@ -24,6 +27,7 @@ the fly, packs it the same way in file order, keeps the first `num_batches`
 batches in memory and replays them on every evaluation.
 """
 
+import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -125,6 +129,113 @@ def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len
     return starts, lengths
 
 
+class TokenStreamEos:
+    """Positions of the EOS tokens of a TokenStream, read from the shards' document ends
+    (memory-mapped), a window at a time: the leading EOS at 0, then each document's last."""
+
+    def __init__(self, shards: list[PreparedFile], stream: TokenStream):
+        self.starts = stream.starts
+        self.ends = [shard.doc_ends() for shard in shards]  # [num_docs] int64 each, exclusive
+
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """[n] int64: the stream positions p of EOS tokens with lo <= p < hi, ascending."""
+        parts = [np.zeros(1, np.int64)] if lo <= 0 < hi else []
+        first = max(1, int(np.searchsorted(self.starts, lo, side="right")) - 1)
+        for i in range(first, len(self.starts) - 1):
+            base = int(self.starts[i])
+            if base >= hi:
+                break
+            ends = self.ends[i - 1]  # piece i is shard i-1; its EOS are at base + end - 1
+            a, b = np.searchsorted(ends, [lo - base + 1, hi - base + 1])
+            parts.append(np.asarray(ends[a:b], np.int64) + (base - 1))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+class PackedRows:
+    """The packed rows of a stream under a segment bound (tasks/packing.py): runs of rows
+    L tokens apart, each run but the last ended by a row cut short. Only each run's first
+    row index and stream position are stored, so memory grows with the cut rows alone.
+
+    run_rows, run_starts: [runs] int64; run r's rows are run_rows[r] .. run_rows[r+1]-1,
+    the last of them the cut row, which ends (inclusive) where run r+1 starts.
+    """
+
+    def __init__(self, run_rows, run_starts, num_rows: int, seq_len: int):
+        self.run_rows = np.asarray(run_rows, np.int64)  # [runs]
+        self.run_starts = np.asarray(run_starts, np.int64)  # [runs]
+        self.num_rows = int(num_rows)
+        self.seq_len = int(seq_len)
+
+    @property
+    def cut_rows(self) -> int:
+        return len(self.run_rows) - 1
+
+    def span(self, row: int) -> tuple[int, int]:
+        """(start, real tokens) of `row` in the stream."""
+        run = int(np.searchsorted(self.run_rows, row, side="right")) - 1
+        start = int(self.run_starts[run]) + (row - int(self.run_rows[run])) * self.seq_len
+        if run + 1 < len(self.run_rows) and row == self.run_rows[run + 1] - 1:
+            return start, int(self.run_starts[run + 1]) - start + 1  # cut after that EOS
+        return start, self.seq_len + 1
+
+
+_FIRST_WINDOW = 64  # rows tested at once after a cut; doubled while none is cut
+_MAX_WINDOW = 1 << 16
+_READ_ROWS = 4096  # EOS positions are read for at least this many rows at a time
+
+
+def packed_rows(eos_between, num_tokens: int, seq_len: int, max_segments: int) -> PackedRows:
+    """The full rows of a stream of `num_tokens` tokens under the segment bound
+    `max_segments` (>= 2), as tasks/packing.py's pack_documents makes them (its final
+    partial row dropped). `eos_between(lo, hi)` gives the EOS positions in [lo, hi)
+    (TokenStreamEos.between).
+
+    A row starting at s holds 1 + (EOS in stream[s+1 : s+L]) segments. The walk tests a
+    window of the run's next rows at once (searchsorted over the EOS positions), doubling
+    it while none is cut. After a cut the next row starts at an EOS; where that row is
+    cut too (a stretch of short documents), the rows starting at EOS e, e+M-1,
+    e+2(M-1), ... are tested at once. The time grows with the rows and with the runs
+    between cuts (some microseconds each).
+    """
+    if max_segments < 2:
+        raise ValueError(f"max_segments={max_segments} must be at least 2")
+    L, M = int(seq_len), int(max_segments)
+    run_rows, run_starts = array.array("q", [0]), array.array("q", [0])
+    start, row, window = 0, 0, _FIRST_WINDOW  # the next row's stream position and index
+    offsets = L * np.arange(_MAX_WINDOW, dtype=np.int64)
+    beyond = np.full(M, num_tokens + L, np.int64)  # positions past every row's inputs
+    eos, hi = beyond, 0  # the EOS positions in [start, hi) (read ahead), then `beyond`
+    while (limit := (num_tokens - 1 - start) // L) > 0:  # full rows left from `start`
+        m = min(window, limit)
+        if start + m * L > hi:
+            hi = start + min(max(m, _READ_ROWS), limit) * L
+            eos = np.concatenate([eos_between(start, hi), beyond])  # [E + M] ascending
+        rows = start + offsets[:m]  # [m]
+        first = eos.searchsorted(rows, "right")  # [m] each row's first EOS after its start
+        over = eos[first + (M - 1)] < rows + L  # [m]: its M-th lies among its inputs
+        j = int(over.argmax())
+        if not over[j]:
+            row, start, window = row + m, start + m * L, min(2 * window, _MAX_WINDOW)
+            continue
+        e = int(first[j]) + M - 2  # the cut row's last token: the EOS ending its (M-1)-th
+        row, start, window = row + j + 1, int(eos[e]), _FIRST_WINDOW
+        run_rows.append(row)
+        run_starts.append(start)
+        if j:
+            continue
+        # Two cuts in a row: test the rows starting at EOS e, e+M-1, ... at once.
+        x = np.arange(e, len(eos) - M, M - 1)  # [C]
+        cut = (eos[x + M] < eos[x] + L) & (eos[x] + L <= hi)  # [C]
+        c = len(cut) if cut.all() else int(cut.argmin())
+        if c:
+            ends = eos[x[:c] + M - 1]  # [c]
+            run_rows.extend(range(row + 1, row + c + 1))
+            run_starts.frombytes(ends.tobytes())
+            row, start = row + c, int(ends[-1])
+    return PackedRows(np.frombuffer(run_rows, np.int64), np.frombuffer(run_starts, np.int64),
+                      row, L)
+
+
 class PileTrainInput:
     """Shuffled, packed training batches for rows [process_rows[0]:process_rows[1]] of each global batch.
 
@@ -133,6 +244,10 @@ class PileTrainInput:
       `cache_dir` (default <data_dir>/pile/tokenized) if not yet prepared.
     packed: pack documents across rows (the default). With packed=False each row
       holds (a piece of) one document, padded; long documents still span rows.
+    max_segments: with packed, the most segments a row holds (MAX_SEGMENTS_PER_SEQ,
+      tasks/packing.py; 0: no bound). The rows it cuts shift the rows after them, so
+      rows are found from the documents' ends (packed_rows); where it cuts none, the
+      rows are those of no bound.
     """
 
     def __init__(
@@ -147,8 +262,11 @@ class PileTrainInput:
         cache_dir=None,
         workers: int | None = None,
         text_format: TextFormat = _DEFAULT_FORMAT,
+        max_segments: int = 0,
     ):
         lo, hi = process_rows
+        if max_segments < 0 or max_segments == 1:
+            raise ValueError(f"max_segments={max_segments} must be 0 (no bound) or at least 2")
         if not 0 <= lo < hi <= global_batch_size:
             raise ValueError(
                 f"process_rows={process_rows} is not a slice of a global batch of {global_batch_size}"
@@ -159,12 +277,19 @@ class PileTrainInput:
         self.process_rows = (int(lo), int(hi))
         self.seed = int(seed)
         self.packed = bool(packed)
+        self.max_segments = int(max_segments)
         self.text_format = text_format
         self.shards = prepare(files, vocab, cache_dir, workers, text_format=text_format)
         self.stream = TokenStream(self.shards, vocab.eos_id)
+        self._rows = None  # PackedRows where the bound cuts a row; else rows are k*L
         if self.packed:
             self.num_sequences = (self.stream.num_tokens - 1) // self.seq_len
             self._starts = self._lengths = None
+            if self.max_segments:
+                rows = packed_rows(TokenStreamEos(self.shards, self.stream).between,
+                                   self.stream.num_tokens, self.seq_len, self.max_segments)
+                if rows.cut_rows:
+                    self._rows, self.num_sequences = rows, rows.num_rows
         else:
             self._starts, self._lengths = _unpacked_sequences(
                 self.shards, self.stream, self.seq_len
@@ -183,7 +308,9 @@ class PileTrainInput:
         log(f"training data: {len(self.shards)} file(s), "
             f"{sum(s.num_docs for s in self.shards):,} documents, "
             f"{self.stream.num_tokens:,} tokens: {self.num_sequences:,} "
-            f"{'packed' if self.packed else 'unpacked'} sequences of {self.seq_len}, "
+            f"{'packed' if self.packed else 'unpacked'} sequences of {self.seq_len}"
+            + (f" ({self._rows.cut_rows:,} cut short by MAX_SEGMENTS_PER_SEQ="
+               f"{self.max_segments})" if self._rows is not None else "") + ", "
             f"{self.batches_per_epoch:,} steps per epoch of {self.global_batch_size}")
 
     def _permutation(self, epoch: int) -> FeistelPermutation:
@@ -200,6 +327,8 @@ class PileTrainInput:
         return self._permutation(epoch)(positions)
 
     def _row_span(self, seq: int) -> tuple[int, int]:
+        if self._rows is not None:
+            return self._rows.span(seq)
         if self.packed:
             return seq * self.seq_len, self.seq_len + 1
         return int(self._starts[seq]), int(self._lengths[seq])
@@ -221,7 +350,9 @@ class PileTrainInput:
             yield self.next_batch()
 
     def get_state(self) -> dict:
-        """JSON-serialisable position: the same on every process."""
+        """JSON-serialisable position: the same on every process. `max_segments` is the
+        bound that shaped the rows: 0 where it cut none (the rows of no bound), so a
+        changed bound that cuts no row still continues the same data order."""
         return {
             "batch_index": self.batch_index,
             "seed": self.seed,
@@ -229,19 +360,37 @@ class PileTrainInput:
             "global_batch_size": self.global_batch_size,
             "packed": self.packed,
             "num_sequences": self.num_sequences,
+            "max_segments": self.max_segments if self._rows is not None else 0,
         }
 
     def set_state(self, state: dict) -> None:
         """Continue after the batch where get_state() was taken; UserError if the data order would differ."""
         mine = self.get_state()
-        for key in ("seed", "seq_len", "global_batch_size", "packed", "num_sequences"):
-            if key in state and state[key] != mine[key]:
-                raise UserError(
-                    f"the checkpointed input state has {key}={state[key]!r} but this run has {key}={mine[key]!r}, "
-                    "so it would not continue the same data order; restore with the original settings and data "
-                    "or start a new --job_log_dir"
-                )
+        # max_segments only where saved (states from before the bound lack it), and before
+        # num_sequences, which a bound that cuts rows changes too.
+        for key in ("seed", "seq_len", "global_batch_size", "packed", "max_segments",
+                    "num_sequences"):
+            if key not in state or state[key] == mine[key]:
+                continue
+            if key == "max_segments":
+                raise UserError(self._other_bound(state[key]))
+            raise UserError(
+                f"the checkpointed input state has {key}={state[key]!r} but this run has {key}={mine[key]!r}, "
+                "so it would not continue the same data order; restore with the original settings and data "
+                "or start a new --job_log_dir"
+            )
         self.batch_index = int(state["batch_index"])
+
+    def _other_bound(self, saved: int) -> str:
+        def rows(bound: int) -> str:
+            return f"cut at MAX_SEGMENTS_PER_SEQ={bound}" if bound else "not cut"
+
+        restore = (f"--fdl.MAX_SEGMENTS_PER_SEQ={saved}" if saved
+                   else "the original MAX_SEGMENTS_PER_SEQ (one that cuts no row)")
+        return (f"the checkpointed input's rows were {rows(saved)} but this run's, with "
+                f"MAX_SEGMENTS_PER_SEQ={self.max_segments}, are {rows(self.get_state()['max_segments'])}, "
+                f"so it would not continue the same data order; restore with {restore} or start a "
+                f"new --job_log_dir")
 
 
 def raw_rows(
@@ -251,8 +400,10 @@ def raw_rows(
     keep_last_partial: bool = False,
     num_threads: int = 1,
     text_format: TextFormat = _DEFAULT_FORMAT,
+    max_segments: int = 0,
 ) -> Iterator[tuple[np.ndarray, int]]:
-    """Packed (row [L+1], n_real) from raw files in order, tokenizing on the fly."""
+    """Packed (row [L+1], n_real) from raw files in order, tokenizing on the fly, at most
+    `max_segments` segments a row (0: no bound; tasks/packing.py)."""
 
     def docs():
         eos = vocab.eos_id
@@ -265,7 +416,7 @@ def raw_rows(
                     batch = []
             yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
 
-    return pack_documents(docs(), seq_len, vocab.eos_id, keep_last_partial)
+    return pack_documents(docs(), seq_len, vocab.eos_id, keep_last_partial, max_segments)
 
 
 class PileEvalInput:
@@ -273,7 +424,8 @@ class PileEvalInput:
 
     Iterating yields this process's rows of each batch. When the file runs out,
     the last batch is padded with all-padding rows (weight 0) and there are fewer
-    batches; `num_batches=None` takes the whole file.
+    batches; `num_batches=None` takes the whole file. `max_segments`: the most segments a
+    row holds (MAX_SEGMENTS_PER_SEQ; 0: no bound).
     """
 
     def __init__(
@@ -285,6 +437,7 @@ class PileEvalInput:
         num_batches: int | None,
         process_rows: tuple[int, int] | None = None,
         text_format: TextFormat = _DEFAULT_FORMAT,
+        max_segments: int = 0,
     ):
         lo, hi = process_rows if process_rows is not None else (0, batch_size)
         if not 0 <= lo < hi <= batch_size:
@@ -302,13 +455,14 @@ class PileEvalInput:
         self.num_batches = num_batches
         self.process_rows = (lo, hi)
         self.text_format = text_format
+        self.max_segments = int(max_segments)
         self._batches: list[dict] | None = None
 
     def _build(self) -> list[dict]:
         limit = None if self.num_batches is None else self.num_batches * self.batch_size
         rows, lengths = [], []
         for row, n in raw_rows(self.files, self.vocab, self.seq_len, keep_last_partial=True,
-                               text_format=self.text_format):
+                               text_format=self.text_format, max_segments=self.max_segments):
             rows.append(row)
             lengths.append(n)
             if limit is not None and len(rows) == limit:

@@ -14,14 +14,24 @@ The packing convention (used by training, Pile eval and the raw reader alike):
   without seeing the previous document, and attention never crosses documents.
   Within a row, `segment_ids` count 1, 2, 3, ... and `segment_pos` restarts at 0
   at each segment start (and at the row start, where a document may be cut).
-- Padding (only at the end of eval data): ids = labels = PAD_ID (0), weight 0,
-  paddings 1, segment id 0, segment position 0.
+- Padding (at the end of eval data, and of rows cut by a segment bound): ids =
+  labels = PAD_ID (0), weight 0, paddings 1, segment id 0, segment position 0.
+- A segment bound M (MAX_SEGMENTS_PER_SEQ; 0: none) caps the segments a row holds,
+  a row's trailing padding counting as one: cuDNN's packed attention sizes its
+  buffers by M. A row that would hold more is cut right after the EOS that ends its
+  (M-1)-th segment: that EOS is the row's last real token (a label only), the row
+  is padded to L+1, and the next row starts at that EOS, which plays its leading
+  EOS. The rows after it continue every L tokens from there until the next cut.
+  So every token is still a label exactly once, in order, and documents are split
+  only where the rows' length splits them. Up to the first cut the rows are those
+  without a bound, so a bound that cuts no row changes no row.
 """
 
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from core.errors import UserError
 from tasks.vocab import PAD_ID
 
 BATCH_KEYS = ("ids", "labels", "weights", "paddings", "segment_ids", "segment_pos")
@@ -95,16 +105,63 @@ def pad_batch_rows(
     return rows, lengths
 
 
+def count_segments(segment_ids: np.ndarray) -> np.ndarray:
+    """[R] segments per row of [R, L] segment ids, as the attention sees them: maximal runs
+    of equal ids, so a row's trailing padding (id 0) is one more."""
+    segment_ids = np.asarray(segment_ids)
+    return 1 + np.count_nonzero(segment_ids[:, 1:] != segment_ids[:, :-1], axis=1)
+
+
+def check_segment_bound(batch: dict, max_segments: int, source: str) -> None:
+    """UserError, in one line, if a row of `batch` holds more than `max_segments`
+    segments (count_segments; 0: no bound). `source` names the data (dataset or file).
+    The packers here never make such rows; data that arrive packed may hold them, and
+    cuDNN's packed attention would drop the segments past the bound."""
+    if max_segments <= 0:
+        return
+    counts = count_segments(batch["segment_ids"])  # [R]
+    over = counts > max_segments
+    if over.any():
+        raise UserError(
+            f"{source}: {int(over.sum())} of {len(counts)} rows hold more than "
+            f"MAX_SEGMENTS_PER_SEQ={max_segments} segments (up to {int(counts.max())}, a "
+            f"row's trailing padding counting as one); raise --fdl.MAX_SEGMENTS_PER_SEQ to at "
+            f"least {int(counts.max())} or re-pack the data with at most {max_segments} "
+            f"documents a row ({max_segments - 1} in a row that ends in padding)")
+
+
+def _cut(ids: np.ndarray, eos_id: int, max_documents: int, max_segments: int) -> int | None:
+    """Where a row whose inputs are `ids` (its first token a row start) must end under the
+    bound: the index in `ids` of the EOS ending its (max_segments-1)-th segment, or None
+    when the row holds at most `max_documents` segments (max_segments for a full row,
+    one fewer for a padded one)."""
+    eos = np.flatnonzero(ids[1:] == eos_id) + 1  # every input EOS but the first token opens one
+    if 1 + len(eos) <= max_documents:
+        return None
+    return int(eos[max_segments - 2])
+
+
 def pack_documents(
-    docs: Iterable[np.ndarray], seq_len: int, eos_id: int, keep_last_partial: bool = False
+    docs: Iterable[np.ndarray], seq_len: int, eos_id: int, keep_last_partial: bool = False,
+    max_segments: int = 0,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Pack tokenized documents (each already ending in EOS) into rows.
 
     Yields (row [L+1], n_real): rows follow the convention in the module docstring.
     The final partial row (fewer than L+1 tokens) is dropped unless
     keep_last_partial, in which case it comes padded with its real length.
+    max_segments: the segment bound M (0: none; else at least 2); rows it cuts come
+    padded with their real length.
     """
+    if max_segments < 0 or max_segments == 1:
+        raise ValueError(f"max_segments={max_segments} must be 0 (no bound) or at least 2")
     width = seq_len + 1
+
+    def padded(start: int, stop: int) -> tuple[np.ndarray, int]:
+        row = np.full(width, PAD_ID, np.int64)
+        row[: stop - start] = buf[start:stop]
+        return row, stop - start
+
     buf = np.empty(max(4 * width, 1 << 16), np.int64)
     buf[0] = eos_id  # the leading EOS: the first document's first token gets a label too
     n = 1
@@ -118,12 +175,23 @@ def pack_documents(
         n += len(doc)
         start = 0
         while n - start >= width:
-            yield buf[start : start + width].copy(), width
-            start += seq_len  # overlap one token: the last label is the next row's first id
+            cut = (_cut(buf[start : start + seq_len], eos_id, max_segments, max_segments)
+                   if max_segments else None)
+            if cut is None:
+                yield buf[start : start + width].copy(), width
+                start += seq_len  # overlap one token: the last label is the next row's first id
+            else:
+                yield padded(start, start + cut + 1)
+                start += cut  # the cut's EOS is the next row's leading EOS
         if start:
             buf[: n - start] = buf[start:n]
             n -= start
-    if keep_last_partial and n > 1:
-        row = np.full(width, PAD_ID, np.int64)
-        row[:n] = buf[:n]
-        yield row, n
+    start = 0
+    while keep_last_partial and n - start > 1:
+        cut = (_cut(buf[start : n - 1], eos_id, max_segments - 1, max_segments)
+               if max_segments else None)
+        if cut is None:
+            yield padded(start, n)
+            return
+        yield padded(start, start + cut + 1)
+        start += cut

@@ -110,7 +110,7 @@ class TextFiles:
         files, tokenizer = self._nodes(settings)
         return fdl.Partial(text_train_input, files=files, vocab=tokenizer,
                            seq_len=settings.seq_len, seed=settings.seed, packed=settings.packed,
-                           cache_dir=settings.cache_dir,
+                           max_segments=settings.max_segments, cache_dir=settings.cache_dir,
                            text_format=self._format("train", self._validation(settings)[1]))
 
     def evaluations(self, settings: DataSettings):
@@ -125,6 +125,7 @@ class TextFiles:
                 make_input=fdl.Partial(text_eval_input, files=files, vocab=tokenizer,
                                        seq_len=settings.seq_len,
                                        num_batches=settings.eval_batches,
+                                       max_segments=settings.max_segments,
                                        text_format=self._format("validation", fraction))))
         if settings.lambada_eval:
             data_dir = self.lambada_dir or fdl.Config(required_data_dir, settings.data_dir)
@@ -137,12 +138,13 @@ class TextFiles:
 
 
 def text_train_input(*, files, vocab, seq_len, seed, packed, cache_dir, text_format,
-                     global_batch_size, process_rows):
+                     global_batch_size, process_rows, max_segments=0):
     return PileTrainInput(files, vocab, seq_len, global_batch_size, process_rows, seed,
-                          packed=packed, cache_dir=cache_dir, text_format=text_format)
+                          packed=packed, cache_dir=cache_dir, text_format=text_format,
+                          max_segments=max_segments)
 
 
 def text_eval_input(*, files, vocab, seq_len, num_batches, text_format, global_batch_size,
-                    process_rows):
+                    process_rows, max_segments=0):
     return PileEvalInput(files, vocab, seq_len, global_batch_size, num_batches, process_rows,
-                         text_format=text_format)
+                         text_format=text_format, max_segments=max_segments)

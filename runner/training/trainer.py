@@ -38,6 +38,7 @@ from runner.state.train_state import (
 from runner.training import accumulation, compile_log, memory_check, throughput
 from runner.training.builtin_callbacks import CallbackList, check_finite
 from runner.training.prefetch import Prefetcher
+from tasks.packing import check_segment_bound
 
 
 class Trainer:
@@ -227,13 +228,16 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             return jax.block_until_ready(self._init(jax.random.key(self.run.loop.random_seed)))
 
-    def to_device(self, host_batch: dict) -> dict:
+    def to_device(self, host_batch: dict, source: str = "the training input") -> dict:
         """This process's rows of the global batch -> global arrays sharded over the mesh.
+        UserError, naming `source`, for rows over MAX_SEGMENTS_PER_SEQ segments (data that
+        arrive packed; tasks/packing.py check_segment_bound).
 
         Each device gets its block by a plain device_put: no XLA program runs, so
         this is safe on the prefetch thread while a train step is in flight (a
         resharding program there can deadlock collectives on the CPU backend).
         """
+        check_segment_bound(host_batch, self.run.model_shape.max_segments, source)
         first_row = self.process_rows[0]
         blocks, devices = {}, {}
         for k, dtype in BATCH_DTYPES.items():
@@ -371,7 +375,8 @@ class Trainer:
             outputs = []
             for host_batch in data:
                 with jax.set_mesh(self.mesh):
-                    out = jax.block_until_ready(step_fn(params, self.to_device(host_batch)))
+                    out = jax.block_until_ready(step_fn(
+                        params, self.to_device(host_batch, f"evaluation set {ev.name}")))
                 outputs.append(jax.device_get(out))
             if not outputs:
                 raise UserError(f"evaluation set {ev.name} produced no batches")
