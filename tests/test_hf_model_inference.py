@@ -1,6 +1,8 @@
-"""--mode=decode from starting weights alone: a job directory without a checkpoint of its
-own decodes the weights CHECKPOINT_RESTORE_PATH names (here a random Hugging Face Llama
-imported as tools/import_hf.py says), greedily to what transformers' generate gives."""
+"""A Hugging Face model used straight after its import: --mode=decode from starting weights
+alone (a job directory without a checkpoint of its own decodes the weights
+CHECKPOINT_RESTORE_PATH names, here a random Llama imported as tools/import_hf.py says),
+greedily to what transformers' generate gives; and tools/check_hf_import.py, which compares
+the two models' logits and greedy continuations, and fails when the import is wrong."""
 
 import json
 import shutil
@@ -11,8 +13,9 @@ from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.support.data import train_hf_tokenizer
-from tests.support.processes import run_main
-from tools import import_hf
+from tests.support.processes import run_main, run_python
+from runner.state import hf_format
+from tools import check_hf_import, import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -69,3 +72,34 @@ def test_decode_reads_the_starting_weights_when_the_job_has_no_checkpoint(hf_dir
     assert record["checkpoint_step"] == 0
     assert record["continuation"] == transformers_greedy(hf_dir)
     assert not (job / "checkpoints").exists() or not any((job / "checkpoints").iterdir())
+
+
+def test_the_import_check_passes_and_fails_when_the_weights_differ(hf_dir, monkeypatch, capsys):
+    prompts = [PROMPT, "a list of words"]
+    assert check_hf_import.check(str(hf_dir), prompts, max_new_tokens=8, tolerance=1e-4)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("ok ") and "greedy: same" in line
+                                   for line in lines), lines
+    real = hf_format.read_params
+
+    def perturbed(*args):  # an import that gets one weight slightly wrong
+        params = real(*args)
+        name = next(n for n in sorted(params) if n.endswith("/w"))
+        return {**params, name: params[name] * 1.01}
+
+    monkeypatch.setattr(hf_format, "read_params", perturbed)
+    assert not check_hf_import.check(str(hf_dir), prompts, max_new_tokens=8, tolerance=1e-4)
+    assert "FAIL largest logit difference" in capsys.readouterr().out
+
+
+@pytest.mark.process
+def test_the_import_check_command_line(hf_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{PROMPT}\n")
+    out = run_python("-m", "tools.check_hf_import", f"--hf_dir={hf_dir}",
+                     f"--prompts_file={prompts}", "--max_new_tokens=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "greedy: same" in out.stdout
+    out = run_python("-m", "tools.check_hf_import", f"--hf_dir={hf_dir}",
+                     f"--prompts_file={tmp_path / 'missing.txt'}")
+    assert out.returncode == 2 and out.stderr.startswith("error: --prompts_file="), out.stderr
