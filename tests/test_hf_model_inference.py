@@ -12,9 +12,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from runner.state import hf_format
 from tests.support.data import train_hf_tokenizer
 from tests.support.processes import run_main, run_python
-from runner.state import hf_format
 from tools import check_hf_import, import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
