@@ -20,6 +20,17 @@ to 4 layers at 65536 and 131072 tokens, one sequence a step (the second with the
 'save_nothing' checkpoint policy); a row that does not fit is an error row, and the next
 row still runs.
 
+Every row compiles its train step ahead of its first call and compares the compiled step's
+memory with what the device can still give (runner/training/memory_check.py, as main.py
+does): a row that cannot fit is an error row, "the train step needs X GiB ... has Y GiB
+free", instead of an out-of-memory error from XLA, and the next row still runs. Each row
+also records what a row of the table of GPU-measured paths needs (layers/measured.py:
+the implementation "auto" resolved to, packed rows, grouped key/value heads, the compute
+dtype, a context axis, a Hopper-or-newer GPU, MAX_SEGMENTS_PER_SEQ, the MoE backend, the
+date on this machine, and a command that reruns the row alone);
+`python bench/gpu_check_figures.py rows DIR` turns them into table rows. --sweep
+NAME=V1,V2 runs each row once per value (e.g. MAX_SEGMENTS_PER_SEQ=8,16).
+
 Every row runs in a fresh child process (`--one CONFIG IMPL`, which prints one JSON line),
 so its peak device memory is its own and not the maximum of the rows before it, and an
 out-of-memory row cannot disturb the next one. A child times the loop main.py runs
@@ -47,6 +58,7 @@ times the raw GEMMs.
     python bench/gpu_bench.py --configs Synthetic5B,GPT1_3B --impls auto --fp8 \
         --percore_batch_size 4                                            # FP8 vs bf16
     python bench/gpu_bench.py --configs Synthetic126M --impls praxis,pallas,cudnn --steps 20
+    python bench/gpu_bench.py --configs Synthetic126M --impls cudnn --sweep MAX_SEGMENTS_PER_SEQ=8,16
     python bench/gpu_bench.py --configs GPT1_3B --torch                   # against PyTorch
     python bench/gpu_bench.py --one Synthetic126M auto --steps 20         # one row, as JSON
     python bench/gpu_bench.py --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E --impls auto
@@ -56,11 +68,13 @@ times the raw GEMMs.
 
 import argparse
 import ast
+import datetime
 import importlib.util
 import itertools
 import json
 import os
 import queue
+import shlex
 import statistics
 import subprocess
 import sys
@@ -83,6 +97,9 @@ from bench.rows import (  # noqa: E402
 # A child's result is the stdout line that starts with this; anything else it prints
 # (the runner's log lines, library warnings) is not parsed.
 ROW_PREFIX = "gpu_bench row: "
+# A child prints this line, what the row is (describe), before it measures: a row whose
+# child is killed (a time limit, a crash in a kernel) still says what it was.
+ABOUT_PREFIX = "gpu_bench about: "
 GIB = 2**30
 FP8_GEMM_CALL = "__cublas$lt$matmul$f8"  # XLA's cuBLASLt FP8 GEMM custom call
 
@@ -146,6 +163,42 @@ def attention_used(config) -> str:
     return "praxis"
 
 
+def describe(exp, config) -> dict:
+    """What a row of layers/measured.py's table needs to know of this row, known before it
+    measures: the attention implementation the graph runs ("auto" resolved), the case
+    (layers/measured.py CASE_FIELDS: packed rows, fewer key/value heads than query heads,
+    FPROP_DTYPE, a context mesh axis, a GPU of compute capability 9.0 or more),
+    MAX_SEGMENTS_PER_SEQ, the MoE layer, the batch, the device, jax and the date here."""
+    import jax
+
+    from core import mesh_axes, target
+    from core.mesh_axes import CONTEXT_AXIS
+
+    device = target.this_process()
+    kv_heads = getattr(exp, "NUM_KV_HEADS", None) or exp.NUM_HEADS
+    experts = getattr(exp, "NUM_EXPERTS", 0) or 0
+    moe_backend = None
+    if experts:
+        from experiments.glam import GLaMBase
+
+        # GLaM's mixtures are praxis's GShard layers, which read no MOE_BACKEND.
+        moe_backend = "gshard" if isinstance(exp, GLaMBase) else exp.MOE_BACKEND
+    return {
+        "resolved": attention_used(config), "packed": exp.PACKED_INPUT,
+        "grouped_kv": kv_heads < exp.NUM_HEADS, "fprop_dtype": exp.FPROP_DTYPE,
+        "context": mesh_axes.axis_size(exp.ICI_MESH_SHAPE, exp.DCN_MESH_SHAPE,
+                                       CONTEXT_AXIS) > 1,
+        "hopper": device.hopper_or_newer, "platform": device.platform,
+        "compute_capability": ".".join(map(str, device.compute_capability)),
+        "max_segments": exp.MAX_SEGMENTS_PER_SEQ, "num_experts": experts,
+        "moe_backend": moe_backend,
+        # Pax's rule (core/batch.py); the measured row overwrites it with the trainer's.
+        "global_batch": round(exp.PERCORE_BATCH_SIZE * jax.device_count()),
+        "seq_len": exp.MAX_SEQ_LEN, "device": device.kind, "devices": jax.device_count(),
+        "jax": jax.__version__, "date": datetime.date.today().isoformat(),
+    }
+
+
 def memory_analysis(compiled) -> dict | None:
     """XLA's memory estimate of the compiled step, per device, or None where the backend
     gives none: arguments + outputs - what the outputs reuse of the (donated) arguments
@@ -189,16 +242,20 @@ def gemm_calls(compiled) -> dict:
 
 
 def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
-                    loss_steps: int = 0) -> dict:
+                    loss_steps: int = 0, config=None, device_memory_gb: float = 0.0) -> dict:
+    """Train `exp` (its `config`, exp.run_config() unless given) as main.py would and
+    measure it. UserError when its compiled step cannot fit what the device can give (its
+    allocator's limit, or `device_memory_gb`, main.py's --device_memory_gb)."""
     import jax
     from praxis import pax_fiddle
 
     from runner.cluster import mesh as mesh_lib
-    from runner.training import throughput
+    from runner.training import memory_check, throughput
     from runner.training.prefetch import Prefetcher
     from runner.training.trainer import Trainer
 
-    config = exp.run_config()
+    if config is None:
+        config = exp.run_config()
     run = pax_fiddle.build(config)
     mesh = mesh_lib.create_mesh(run.mesh.ici_mesh_shape, run.mesh.dcn_mesh_shape)
     trainer = Trainer(run, mesh, "/tmp/paxloom-bench", peak_tflops=peak_tflops)
@@ -212,6 +269,9 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
         with jax.set_mesh(trainer.mesh):
             compiled = trainer.train_step.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
+        # A step that cannot fit stops here, in one line, not in XLA's out-of-memory error
+        # at its first call (whose traceback would be all the row says).
+        memory_check.check_fits(compiled, jax.local_devices(), device_memory_gb)
         xla_memory = memory_analysis(compiled)
         gemms = gemm_calls(compiled)
         del compiled
@@ -272,6 +332,51 @@ def settings_of(pairs: list[str]) -> dict:
     return settings
 
 
+def sweep_of(pairs: list[str]) -> list[list[str]]:
+    """--sweep NAME=V1,V2 pairs -> each row's variants: the --set pairs of each, the product
+    of the sweeps in order ([[]] without any). Each value as --set reads it: a Python
+    literal (8, [1,2,1], 'x') or else a string."""
+    axes = []
+    for pair in pairs:
+        name, sep, values = pair.partition("=")
+        if not sep or not name or not values:
+            raise ValueError(f"--sweep {pair!r}: expected NAME=VALUE,VALUE...")
+        try:
+            parsed = ast.literal_eval(values + ",")
+            texts = [str(v) if isinstance(v, (bool, int, float)) else repr(v) for v in parsed]
+        except (ValueError, SyntaxError):
+            texts = values.split(",")
+        axes.append([f"{name}={text}" for text in texts])
+    return [list(variant) for variant in itertools.product(*axes)]
+
+
+def row_command(args, name: str, impl: str, variant: list[str], torch: bool = False) -> str:
+    """The command line that measures this row alone, as a table row's `command`: what the
+    row is (config, implementation, batch, settings) and how long it ran, not where its
+    figures went."""
+    argv = ["bench/gpu_bench.py", "--configs", name, "--impls", impl]
+    if args.percore_batch_size:
+        argv += ["--percore_batch_size", f"{args.percore_batch_size:g}"]
+    if args.unpacked:
+        argv.append("--unpacked")
+    for setting in [*args.set, *variant]:
+        argv += ["--set", setting]
+    if args.fp8:
+        argv.append("--fp8")
+    if torch:
+        argv.append("--torch")
+    argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.loss_steps and (args.fp8 or args.loss_steps > 1 + args.warmup + args.steps):
+        argv += ["--loss_steps", str(args.loss_steps)]
+    if args.tiny:
+        argv.append("--tiny")
+    if args.peak_tflops:
+        argv += ["--peak_tflops", f"{args.peak_tflops:g}"]
+    if args.device_memory_gb:
+        argv += ["--device_memory_gb", f"{args.device_memory_gb:g}"]
+    return shlex.join(argv)
+
+
 def run_one(args) -> int:
     """--one CONFIG IMPL: measure one row here and print it as one JSON line."""
     name, impl = args.one
@@ -292,10 +397,15 @@ def run_one(args) -> int:
             exp = experiment(name, impl, tiny=args.tiny, devices=jax.device_count(),
                              percore_batch_size=args.percore_batch_size,
                              unpacked=args.unpacked, fp8=args.fp8, settings=args.settings)
+            config = exp.run_config()
+            about = describe(exp, config)
+            print(ABOUT_PREFIX + json.dumps(about), flush=True)
+            row.update(about)
             row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops,
-                                       args.loss_steps))
+                                       args.loss_steps, config=config,
+                                       device_memory_gb=args.device_memory_gb))
     except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
-        row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+        row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"
     print(ROW_PREFIX + json.dumps(row), flush=True)
     return 0
 
@@ -336,50 +446,75 @@ def run_probe() -> int:
 
 def dry_run(args, configs: list[str], impls: list[str]) -> int:
     """--dry_run: what bench/gpu_check.sh --dry-run asks of this script on a CPU machine,
-    that each row's hyperparameters are valid and its graph builds, in seconds."""
-    for name, impl, fp8 in itertools.product(configs, impls, sorted({False, args.fp8})):
+    that each row's hyperparameters are valid and its graph builds, in seconds. Off a GPU
+    the graph is built for an H100 (as --mode=plan --plan_device=h100 builds it), so that
+    rows of GPU-only kernels (cudnn, pallas) and FP8 build too."""
+    from core.target import TargetDevice, this_process
+
+    target = this_process()
+    if target.platform != "gpu":
+        target = TargetDevice(platform="gpu", kind="NVIDIA H100 80GB HBM3",
+                              compute_capability=(9, 0), planned=True)
+    rows = list(itertools.product(configs, impls, args.variants, sorted({False, args.fp8})))
+    for name, impl, variant, fp8 in rows:
         try:
             experiment(name, impl, tiny=bool(args.tiny), devices=1,
                        percore_batch_size=args.percore_batch_size, unpacked=args.unpacked,
-                       fp8=fp8, settings=args.settings).run_config()
+                       fp8=fp8, settings={**args.settings, **settings_of(variant)},
+                       ).run_config(target=target)
         except Exception as e:  # UserError for a bad value, anything else from the graph
-            print(f"error: {name} {impl}{' fp8' if fp8 else ''}: {e}", file=sys.stderr)
+            print(f"error: {name} {impl} {' '.join(variant)}{' fp8' if fp8 else ''}: {e}",
+                  file=sys.stderr)
             return 1
-    print(f"dry run: {len(configs) * len(impls) * (1 + args.fp8)} row(s) build")
+    print(f"dry run: {len(rows)} row(s) build")
     return 0
 
 
 # ----- the parent: a child per row ------------------------------------------------------
 
 
+def about_line(stdout: str) -> dict:
+    """The row's description (describe) that a child printed before it measured, if any."""
+    for line in stdout.splitlines():
+        if line.startswith(ABOUT_PREFIX):
+            return json.loads(line[len(ABOUT_PREFIX):])
+    return {}
+
+
 def child(argv: list[str], timeout_s: float, env: dict | None = None) -> dict:
-    """Run this script with `argv` in a fresh process; its row, or an error row."""
+    """Run this script with `argv` in a fresh process; its row, or an error row (with what
+    the child said of the row before it was killed)."""
     command = [sys.executable, os.path.abspath(__file__), *argv]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                               cwd=REPO_ROOT, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f}s"}
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or ""  # bytes on POSIX, whatever `text` says
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return {**about_line(out), "error": f"timed out after {timeout_s:.0f}s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(ROW_PREFIX):
             return json.loads(line[len(ROW_PREFIX):])
     # Killed (out of host memory, a crash in a kernel): the last words are on stderr.
     tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
     sys.stderr.write("\n".join(tail[-20:]) + "\n")
-    return {"error": f"exit status {done.returncode}: {tail[-1][:300] if tail else ''}"}
+    return {**about_line(done.stdout),
+            "error": f"exit status {done.returncode}: {tail[-1][:300] if tail else ''}"}
 
 
-def child_argv(args, name: str, impl: str, fp8: bool = False) -> list[str]:
+def child_argv(args, name: str, impl: str, fp8: bool = False,
+               variant: list[str] = ()) -> list[str]:
     argv = ["--one", name, impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--tiny" if args.tiny else "--no-tiny", "--peak_tflops", str(args.peak_tflops),
-            "--loss_steps", str(args.loss_steps)]
+            "--loss_steps", str(args.loss_steps), "--device_memory_gb",
+            str(args.device_memory_gb)]
     if fp8:
         argv.append("--fp8")
     if args.percore_batch_size:
         argv += ["--percore_batch_size", str(args.percore_batch_size)]
     if args.unpacked:
         argv.append("--unpacked")
-    for setting in args.set:
+    for setting in [*args.set, *variant]:  # a variant's come last: they win
         argv += ["--set", setting]
     return argv
 
@@ -421,6 +556,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a hyperparameter for every row, over the row's own (repeatable; "
                              "e.g. --set MAX_SEGMENTS_PER_SEQ=32)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2",
+                        help="run each row once per value of a hyperparameter, in order, "
+                             "over --set (repeatable: every combination; e.g. --sweep "
+                             "MAX_SEGMENTS_PER_SEQ=8,16)")
     parser.add_argument("--fp8", action="store_true",
                         help="after each row, the same with USE_FP8=True, its speed over the "
                              "bfloat16 row's and the loss of both after --loss_steps steps")
@@ -434,6 +573,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="peak TFLOP/s per device for MFU (default: runner/training/throughput.py's "
                              "table)")
+    parser.add_argument("--device_memory_gb", type=float, default=0.0,
+                        help="the memory (GB) each device has, as main.py's flag: a row whose "
+                             "compiled step needs more is an error row (default: what the "
+                             "device's allocator says; none on CPU)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds one row may take")
     parser.add_argument("--json", default="runs/gpu_bench.json")
@@ -456,6 +599,9 @@ def main() -> int:
     configs, impls = args.configs.split(","), args.impls.split(",")
     try:
         args.settings = settings_of(args.set)
+        args.variants = sweep_of(args.sweep)
+        for variant in args.variants:
+            settings_of(variant)
     except ValueError as e:
         parser.error(str(e))
     unknown = [c for c in configs if c not in CONFIGS]
@@ -502,6 +648,7 @@ def run_rows(args, probe: dict, configs: list[str], impls: list[str],
     """Every row, each in a child process, printed and written to --json as it finishes;
     returns the (bfloat16, FP8) row pairs of --fp8."""
     rows, fp8_pairs = [], []
+    today = datetime.date.today().isoformat()
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
 
     def record(row: dict) -> None:
@@ -513,6 +660,7 @@ def run_rows(args, probe: dict, configs: list[str], impls: list[str],
         for done in rows:
             done.setdefault("device", probe["device"])
             done.setdefault("devices", probe["devices"])
+            done.setdefault("date", today)  # this machine's, as the children's
             done.update(jax=probe["jax"], torch=torch_version, tiny=args.tiny)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
@@ -521,20 +669,27 @@ def run_rows(args, probe: dict, configs: list[str], impls: list[str],
         peer = None
         if run_torch and name in TORCH_CONFIGS:
             peer = {"experiment": name, "attention": "torch",
-                    **child(child_argv(args, name, "torch"), args.timeout)}
+                    **child(child_argv(args, name, "torch"), args.timeout),
+                    "command": row_command(args, name, "torch", [])}
             record(peer)
             if "error" in peer or "skipped" in peer:
                 peer = None
-        for impl in impls:
+        for impl, variant in itertools.product(impls, args.variants):
+            # The settings, as the child would say them: a row killed before it did still
+            # shows which variant it was.
             row = {"experiment": name, "attention": impl,
-                   **child(child_argv(args, name, impl), args.timeout)}
+                   "settings": {**args.settings, **settings_of(variant)},
+                   **child(child_argv(args, name, impl, variant=variant), args.timeout),
+                   "command": row_command(args, name, impl, variant, torch=peer is not None)}
             if peer is not None and "error" not in row:
                 # Per device: the torch peer runs on one.
                 row["vs_torch"] = row["tokens_per_s"] / row["devices"] / peer["tokens_per_s"]
             record(row)
             if args.fp8:
                 fp8 = {"experiment": name, "attention": impl,
-                       **child(child_argv(args, name, impl, fp8=True), args.timeout)}
+                       **child(child_argv(args, name, impl, fp8=True, variant=variant),
+                               args.timeout),
+                       "command": row_command(args, name, impl, variant)}
                 if "error" not in fp8 and "error" not in row:
                     fp8["vs_bf16"] = fp8["tokens_per_s"] / row["tokens_per_s"]
                     fp8["loss_delta"] = fp8["last_loss"] - row["last_loss"]

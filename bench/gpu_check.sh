@@ -1,65 +1,90 @@
 #!/usr/bin/env bash
-# The GPU check (issue 29): one prepared command that fits 9 minutes on one H100 or H200,
-# the install included. Run THERE, on the lent GPU machine, from the repository root, with
-# .whl/ carried from `bash bench/gpu_wheels.sh` run here. Its parts, in this order, each
-# under its own time limit, each writing its log (and JSON) to $OUT (else runs/gpu_check) as
-# it goes, so a run cut off still returns what it finished:
-#   install  the carried wheels; jax, jaxlib, cuDNN and driver versions, the device
-#   tests    the tests that only run on a GPU, each under a per-test limit (pytest-timeout)
-#   default  main.py with nothing chosen on a packed GPT and a grouped-query Llama: a few
-#            dozen steps each, a decode from each checkpoint, then a restart (a second
-#            process) that must load its train step from the persistent compilation cache
-#   speed    GPT126M at batch 8 against the PyTorch peer, Llama1B, GPT1_3B: tokens/s, MFU,
-#            peak memory and XLA:GPU's planned peak (bench/gpu_bench.py's table)
-#   moe      mixtures of experts on one GPU, the same table: Qwen3-30B-A3B's shape cut to 4
-#            layers beside the dense Llama with a token's parameters, then Pax's GLaM126M64E;
-#            MFU on a token's active parameters
-#   fp8      FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
-#   long     (only when named: outside the 9 minutes) the attention kernels at 16384 tokens
-#            (cuDNN packed, jax's Pallas, the context axis's kernels: Pallas by positions and
-#            plain-JAX flash), then the longest sequence that trains on one GPU: Llama 3.1
-#            8B's shape cut to 4 layers at 65536 and 131072 tokens
-# A part may also use the seconds that the parts before it left unused, so the whole run
-# stays within the sum of the budgets. The last lines are a summary table (part, status,
-# key figure), also in $OUT/summary.txt; the exit status is non-zero when a part failed or
-# ran out of time. `--dry-run` checks here, on CPU, that every command line of the chosen
-# parts is valid (main.py with --print_config, gpu_bench.py with --dry_run, pytest with
-# --collect-only) and prints the budgets.
+# The GPU check: one prepared command for a lent GPU machine that fits 9 minutes on one H100
+# or H200, the install included, and yields the figures that matter first. Run THERE, from
+# the repository root, with .whl/ carried from `bash bench/gpu_wheels.sh` run here. Each part
+# runs under its own time limit and writes its log (and JSON) to $OUT (else runs/gpu_check)
+# as it goes, so a run cut off still returns what it finished. Every benchmark row compiles
+# its train step first and compares the compiled step's memory with the device's: a row
+# that cannot fit is an error row ("the train step needs X GiB ... has Y GiB free"), not an
+# out-of-memory error from XLA, and the next row still runs.
 #
-#   bash bench/gpu_check.sh                        # every part but long
-#   bash bench/gpu_check.sh --parts install,speed  # again, one part (install: a fresh machine)
-#   bash bench/gpu_check.sh --parts install,long   # a second short run: the long part
+# The first run (`bash bench/gpu_check.sh`, 540 s), in this order:
+#   install     the carried wheels; jax, jaxlib, cuDNN and driver versions, the device
+#   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 against
+#               its PyTorch peer, then Llama1B, both with ATTENTION_IMPL=auto (tokens/s,
+#               MFU, peak memory)
+#   candidates  paths the measured table (layers/gpu_measurements.json) lacks, a few steps
+#               each on GPT126M: cuDNN's packed attention at MAX_SEGMENTS_PER_SEQ=8 and 16,
+#               then jax's Pallas kernel
+#   tests       the tests that only run on a GPU, each test's name and outcome as it
+#               finishes, each failure's reason in one line, a JUnit XML report
+#               ($OUT/tests.xml); 30 s per test and a session limit (pytest-timeout) that
+#               stops it in time to write its summary
+# The second run, right after on the warm machine (`bash bench/gpu_check.sh --parts
+# moe,fp8`, 225 s, at most 4 minutes with its start):
+#   moe         mixtures of experts on one GPU: Qwen3-30B-A3B's shape cut to 4 layers beside
+#               the dense Llama with a token's parameters, the same by tokamax (refused in one
+#               line where tokamax does not support the jax), then Pax's GLaM126M64E
+#   fp8         FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
+# Only when named, in a later session (each needs `install` first on a fresh machine):
+#   default     main.py with nothing chosen on a packed GPT and a grouped-query Llama: a few
+#               dozen steps, a decode from each checkpoint, and a restart (a second process)
+#               that must load its train step from the persistent compilation cache
+#   more        more candidates: cuDNN on unpacked rows (its plain causal call), jax's Pallas
+#               on Llama1B (grouped key/value heads), cuDNN on Llama1B at bound 16
+#   long        the attention kernels at 16384 tokens (cuDNN packed, jax's Pallas, the
+#               context axis's kernels), then the longest sequence that trains on one GPU:
+#               Llama 3.1 8B's shape cut to 4 layers at 65536 and 131072 tokens
+# A part may also use the seconds that the parts before it left unused, so a run stays
+# within the sum of its budgets. The last lines are a summary table (part, status, key
+# figure), also in $OUT/summary.txt; the exit status is non-zero when a part failed or ran
+# out of time. The benchmark rows become rows of the measured table with
+# `python bench/gpu_check_figures.py record OUT...` (docs/guides/gpu_check.md).
+# `--dry-run` checks here, on CPU, that every command line of the chosen parts (without
+# --parts: the first and the second run) is valid (main.py with --print_config,
+# gpu_bench.py with --dry_run, pytest with --collect-only) and prints the budgets.
+#
+#   bash bench/gpu_check.sh                          # the first run
+#   bash bench/gpu_check.sh --parts moe,fp8          # the second run, on the warm machine
+#   bash bench/gpu_check.sh --parts install,default  # one part on a fresh machine
 #   GPU_CHECK_PARTS=fp8 bash bench/gpu_check.sh --budget fp8=200   # one part, more time
-#   bash bench/gpu_check.sh --dry-run              # here: valid command lines, budgets
+#   bash bench/gpu_check.sh --dry-run                # here: valid command lines, budgets
 set -uo pipefail  # not -e: a part that fails is recorded and the parts after it still run
 
-PARTS=(install tests default speed moe fp8 long)
-# Parts that run only when --parts names them: a second short run, after the 9 minutes.
-OPTIONAL_PARTS=(long)
-# Seconds per part, estimated from what each part runs on one H100 (earlier figures: install
-# ~20 s, a jax start ~10 s, GPT126M's train step compiles in 30-37 s, GPT1_3B's in 69 s);
-# docs/guides/gpu_check.md shows the estimate behind each. moe's 100 s are 50 of fp8's
-# (100 before), the 20 the total left unused, 15 of speed's (whose third row was already
-# the one to lose) and 5 of each other part: fp8, last, runs on its 50 and what the others
-# leave, and is the part to rerun (--parts fp8).
-# long: the kernels (a jax start, 4 kernels x 2 row kinds, each a compile and 6 calls of
-# at most ~0.1 s: ~60 s), then two rows, each a jax start (~15 s), a compile (40-70 s) and
-# 4 steps (at 40% MFU, planned 4 s each at 65536 tokens, ~16 s at 131072 with
-# recomputation): 155-220 s, or less where the second row stops at out of memory.
-declare -A BUDGET=([install]=25 [tests]=125 [default]=95 [speed]=145 [moe]=100 [fp8]=50
-                   [long]=300)
+PARTS=(install speed candidates tests moe fp8 default more long)  # the order they run in
+FIRST_RUN=(install speed candidates tests)  # without --parts
+SECOND_RUN=(moe fp8)  # --parts moe,fp8, right after the first on the warm machine
+# Seconds per part, from what each runs: a gpu_bench call starts jax once to look at the
+# device (~6 s), then a process per row: a jax start (~10 s), the model's state, its train
+# step's compile (GPT126M 30-37 s, Llama1B ~50, GPT1_3B 69 on an H100), a few steps; the
+# PyTorch peer's torch.compile ~40-60 s. speed: 6 + ~60 (torch) + ~50 (GPT126M) + ~70
+# (Llama1B) = ~185 s. candidates: two calls, three GPT126M rows: 2 x 6 + 3 x ~50 = ~160 s.
+# tests: what is left of the 540 s, 160 s and whatever the parts before it left unused; on
+# an H200 the GPU tests took more than 145 s, so the session limit ends them (the first
+# tests: tests/test_attention.py, which names every attention path). moe: 6 + ~75
+# (Qwen3A3B_moe) + ~55 (its dense peer) + ~12 (tokamax's refusal) + ~60 (GLaM, the row most
+# likely to be cut) = ~210 s. fp8: 6 + 2 x ~65 (the 5B shape cut to 8 layers, a scanned
+# layer, compiled in bfloat16 then FP8) = ~140 s, so its FP8 row needs what moe leaves.
+# default: 5 main.py processes, 75-100 s. more: three rows, ~200 s. long: ~60 s of kernels
+# then two rows of 70-110 s each.
+declare -A BUDGET=([install]=25 [speed]=190 [candidates]=165 [tests]=160 [moe]=120
+                   [fp8]=105 [default]=95 [more]=210 [long]=300)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
+SECOND_RUN_S=225  # the second run's budgets: 4 minutes of device time with the transfers
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
-# tests/test_gpu_check.py checks that none is missing.
-GPU_TESTS=(tests/test_attention.py tests/test_flash_pallas.py tests/test_fused_training.py)
-TEST_LIMIT_S=60  # per test; the longest is a pair of 10-step trainings
+# tests/test_gpu_check.py checks that none is missing. test_attention.py first: it names
+# every attention path, so a session cut short still says something of each.
+GPU_TESTS=(tests/test_attention.py tests/test_fused_training.py tests/test_flash_pallas.py)
+TEST_LIMIT_S=30  # per test (pytest-timeout)
 SITE=/tmp/paxloom-site  # where the carried wheels go, beside the machine's own jax
 MAIN_FLAGS=("--fdl.ICI_MESH_SHAPE=[1,1,1]")  # one GPU; everything else as the experiment says
 DEFAULT_STEPS=30
-BENCH_STEPS=(--steps 10 --warmup 2)
+BENCH_STEPS=(--steps 10 --warmup 2)  # the rows whose figures are the check's key figures
+FEW_STEPS=(--steps 6 --warmup 1)  # candidates and mixtures: a table row's figures
 
 # run LOG ARGS...: "$PYTHON" ARGS within what is left of the part's time, its output shown
-# and appended to $out/LOG as it comes. In a dry run, ARGS are only validated (validate).
+# and appended to $out/LOG as it comes; at the limit the process gets $RUN_SIGNAL (TERM
+# unless set), then KILL 10 s later. In a dry run, ARGS are only validated (validate).
 run() {
     local log=$1 left rc
     shift
@@ -73,8 +98,7 @@ run() {
         return 124
     fi
     echo "+ python3 $*" | tee -a "$out/$log"
-    # -k: a process that ignores SIGTERM (a hung kernel) is killed 10 s later.
-    timeout -k 10 "$left" "$PYTHON" "$@" 2>&1 | tee -a "$out/$log"
+    timeout -s "${RUN_SIGNAL:-TERM}" -k 10 "$left" "$PYTHON" "$@" 2>&1 | tee -a "$out/$log"
     rc=${PIPESTATUS[0]}
     if ((rc == 124 || rc == 137)); then
         timed_out=1
@@ -115,20 +139,67 @@ part_install() {
     run install.log bench/gpu_check_figures.py versions
 }
 
+part_speed() {
+    # The default path (ATTENTION_IMPL=auto) at real size, before anything else: GPT126M at
+    # batch 8 after its PyTorch peer (the ratio is the key figure), then Llama1B (batch 8,
+    # its experiment's), in one call.
+    run speed.log bench/gpu_bench.py --configs Synthetic126M,Llama1B --impls auto --torch \
+        --percore_batch_size 8 "${BENCH_STEPS[@]}" --timeout 110 --json "$out/speed.json"
+}
+
+part_candidates() {
+    local rc=0
+    # Paths the measured table lacks, on GPT126M at batch 8 (its vs_torch comes from the
+    # speed part's peer): cuDNN's packed layout at smaller segment bounds (its kernel and
+    # buffers shrink with the bound), then jax's Pallas kernel.
+    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn \
+        --sweep MAX_SEGMENTS_PER_SEQ=8,16 --percore_batch_size 8 "${FEW_STEPS[@]}" \
+        --timeout 90 --json "$out/candidates_cudnn.json" || rc=1
+    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls pallas \
+        --percore_batch_size 8 "${FEW_STEPS[@]}" --timeout 90 \
+        --json "$out/candidates_pallas.json" || rc=1
+    return "$rc"
+}
+
 part_tests() {
-    local limit=() platform=cuda
+    local limit=() platform=cuda session=$TEST_LIMIT_S
     # The tests pick the CPU unless told (tests/conftest.py); a dry run collects them there.
     if ((dry_run)); then
         platform=cpu
+    else
+        session=$((deadline - SECONDS - 20))
     fi
     if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
-        limit=(--timeout="$TEST_LIMIT_S")
+        # pytest starts no test after the session limit (the one under way finishes, or the
+        # part's SIGINT stops it), then writes its summary and tests.xml.
+        limit=(--timeout="$TEST_LIMIT_S" --session-timeout=$((session > 10 ? session : 10)))
     else
         echo "    pytest-timeout is not installed: no per-test limit, only the part's" \
             "(bash bench/gpu_wheels.sh carries it)"
     fi
-    JAX_PLATFORMS=$platform run tests.log -m pytest -q -rfEs -p no:cacheprovider \
-        "${limit[@]}" "${GPU_TESTS[@]}"
+    # -v: each test's name and outcome as it finishes; -rfE --tb=line: each failure's and
+    # error's reason in one line; at the part's limit SIGINT, so that pytest still writes.
+    RUN_SIGNAL=INT JAX_PLATFORMS=$platform run tests.log -m pytest -v -rfE --tb=line \
+        -p no:cacheprovider --junitxml="$out/tests.xml" "${limit[@]}" "${GPU_TESTS[@]}"
+    local rc=$?
+    if ((!dry_run)) && grep -q "session-timeout: .* exceeded" "$out/tests.log"; then
+        timed_out=1  # the tests after it did not run: the summary says TIMEOUT
+    fi
+    return "$rc"
+}
+
+part_moe() {
+    # The dropless MoE and its dense peer first (their tokens/s ratio is the key figure),
+    # the same MoE by tokamax's kernels, then GLaM on praxis's GShard layers (its
+    # attention: praxis, which auto resolves to).
+    run moe.log bench/gpu_bench.py \
+        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,GLaM126M64E \
+        --impls auto "${FEW_STEPS[@]}" --timeout 100 --json "$out/moe.json"
+}
+
+part_fp8() {
+    run fp8.log bench/gpu_bench.py --configs Synthetic5B --impls auto --fp8 --loss_steps 30 \
+        --percore_batch_size 4 "${BENCH_STEPS[@]}" --timeout 100 --json "$out/fp8.json"
 }
 
 part_default() {
@@ -152,30 +223,17 @@ part_default() {
     return "$rc"
 }
 
-part_speed() {
+part_more() {
     local rc=0
-    # GPT126M (the Synthetic126M experiment) at batch 8 with its PyTorch peer in one run;
-    # then the larger two at their experiments' batches (8 and 4), as the earlier figures.
-    run speed.log bench/gpu_bench.py --configs Synthetic126M --impls auto --torch \
-        --percore_batch_size 8 "${BENCH_STEPS[@]}" --timeout 100 \
-        --json "$out/speed_gpt126m.json" || rc=1
-    run speed.log bench/gpu_bench.py --configs Llama1B,GPT1_3B --impls auto \
-        "${BENCH_STEPS[@]}" --timeout 120 --json "$out/speed_large.json" || rc=1
+    # cuDNN on unpacked rows (its plain causal call: the unpacked case), then the
+    # grouped-query case: jax's Pallas kernel and cuDNN at a smaller bound on Llama1B.
+    run more.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn --unpacked \
+        --percore_batch_size 8 "${FEW_STEPS[@]}" --timeout 90 \
+        --json "$out/more_unpacked.json" || rc=1
+    run more.log bench/gpu_bench.py --configs Llama1B --impls pallas,cudnn \
+        --set MAX_SEGMENTS_PER_SEQ=16 "${FEW_STEPS[@]}" --timeout 110 \
+        --json "$out/more_llama1b.json" || rc=1
     return "$rc"
-}
-
-part_moe() {
-    # The dropless MoE and its dense peer first (their tokens/s ratio is the key figure),
-    # the same MoE by tokamax's kernels, its padded backend, then GLaM on praxis's GShard
-    # layers (its attention: praxis, which auto resolves to).
-    run moe.log bench/gpu_bench.py \
-        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,GLaM126M64E \
-        --impls auto "${BENCH_STEPS[@]}" --timeout 100 --json "$out/moe.json"
-}
-
-part_fp8() {
-    run fp8.log bench/gpu_bench.py --configs Synthetic5B --impls auto --fp8 --loss_steps 30 \
-        --percore_batch_size 4 "${BENCH_STEPS[@]}" --timeout 100 --json "$out/fp8.json"
 }
 
 part_long() {
@@ -193,29 +251,51 @@ usage() {
     sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
 }
 
+# dry_run_parts TITLE LIMIT PART...: check the parts' command lines side by side (on 2 cores
+# half as long), then print each part's budget and their sum against LIMIT.
 dry_run_parts() {
-    local part failed=0
+    local title=$1 limit=$2 part failed=0 sum=0
+    shift 2
     declare -A pid
-    echo "gpu_check --dry-run: the command lines of each part, checked on this machine"
-    # The parts' checks are independent: side by side, the dry run takes half as long on 2 cores.
-    for part in "${chosen[@]}"; do
+    echo "$title"
+    for part in "$@"; do
         "part_$part" >"$work/$part.dry" 2>&1 &
         pid[$part]=$!
     done
-    for part in "${chosen[@]}"; do
+    for part in "$@"; do
+        sum=$((sum + BUDGET[$part]))
         if wait "${pid[$part]}"; then
-            printf '%-8s budget %4d s  ok\n' "$part" "${BUDGET[$part]}"
+            printf '%-10s budget %4d s  ok\n' "$part" "${BUDGET[$part]}"
         else
-            printf '%-8s budget %4d s  FAILED\n' "$part" "${BUDGET[$part]}"
+            printf '%-10s budget %4d s  FAILED\n' "$part" "${BUDGET[$part]}"
             failed=1
         fi
         cat "$work/$part.dry"
     done
-    printf '%-8s budget %4d s  (at most %d s)\n' total "$total" "$MAX_TOTAL_S"
-    if ((total > MAX_TOTAL_S)); then
-        echo "the budgets add up to ${total} s, over ${MAX_TOTAL_S} s"
+    printf '%-10s budget %4d s  (at most %d s)\n' total "$sum" "$limit"
+    if ((sum > limit)); then
+        echo "the budgets add up to ${sum} s, over ${limit} s"
         failed=1
     fi
+    return "$failed"
+}
+
+second_run() {  # the second run's --parts
+    local IFS=,
+    echo "${SECOND_RUN[*]}"
+}
+
+dry_run_all() {
+    local failed=0
+    if [[ -n $parts_list ]]; then
+        dry_run_parts "gpu_check --dry-run: the command lines of each part, checked here" \
+            "$MAX_TOTAL_S" "${chosen[@]}"
+        return
+    fi
+    dry_run_parts "gpu_check --dry-run: the first run's command lines, checked here" \
+        "$MAX_TOTAL_S" "${FIRST_RUN[@]}" || failed=1
+    dry_run_parts "the second run (--parts $(second_run)), on the warm machine:" \
+        "$SECOND_RUN_S" "${SECOND_RUN[@]}" || failed=1
     return "$failed"
 }
 
@@ -235,17 +315,21 @@ check_parts() {
             if ((timed_out)); then status=TIMEOUT; elif ((rc)); then status=FAILED; else status=ok; fi
             [[ $status == ok ]] || failed=1
             banked=$((deadline - SECONDS))  # negative after a kill's grace: the next part pays
-            rows+=("$(printf '%-8s %-8s %7d %7d  %s' "$part" "$status" $((SECONDS - start)) \
+            rows+=("$(printf '%-10s %-8s %7d %7d  %s' "$part" "$status" $((SECONDS - start)) \
                 "${BUDGET[$part]}" "${key//$'\n'/ }")")
         else
-            rows+=("$(printf '%-8s %-8s %7s %7s' "$part" skipped - -)")
+            rows+=("$(printf '%-10s %-8s %7s %7s' "$part" skipped - -)")
         fi
         # Rewritten after each part: a run cut off from outside still leaves its table.
-        { printf '%-8s %-8s %7s %7s  %s\n' part status seconds budget 'key figure'
+        { printf '%-10s %-8s %7s %7s  %s\n' part status seconds budget 'key figure'
           printf '%s\n' "${rows[@]}"; } >"$out/summary.txt"
     done
     echo "=== summary (${SECONDS} s in all; logs and JSON in $out) ==="
     cat "$out/summary.txt"
+    if [[ -z $parts_list ]]; then
+        echo "next: the second run on this warm machine: bash bench/gpu_check.sh --parts" \
+            "$(second_run)"
+    fi
     return "$failed"
 }
 
@@ -280,7 +364,7 @@ main() {
     done
     for part in "${PARTS[@]}"; do  # always in this order, whatever order was asked
         if [[ ",$parts_list," == *",$part,"* ||
-              ( -z $parts_list && " ${OPTIONAL_PARTS[*]} " != *" $part "* ) ]]; then
+              ( -z $parts_list && " ${FIRST_RUN[*]} " == *" $part "* ) ]]; then
             chosen+=("$part")
             total=$((total + BUDGET[$part]))
         fi
@@ -295,7 +379,8 @@ main() {
     export PYTHONUNBUFFERED=1
     out=${OUT:-runs/gpu_check}
     if ((dry_run)); then
-        dry_run_parts
+        out=$work/out  # what a dry run writes (pytest's report) stays out of the clone
+        dry_run_all
         return
     fi
     if ((total > MAX_TOTAL_S)); then
