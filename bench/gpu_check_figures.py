@@ -236,20 +236,26 @@ def key_speed(out: pathlib.Path) -> str:
     return "; ".join(parts)
 
 
+def summary(row: dict, name: str) -> tuple[str, bool]:
+    """A row's key text (its MFU and peak, or its error) and whether it failed: an error
+    that is not a refusal in one line."""
+    if "error" in row or "skipped" in row:
+        return f"{name}: {row.get('error') or row['skipped']}", not refused(row)
+    text = f"{name} {row['mfu']:.1%} MFU" if row.get("mfu") else f"{name} no MFU"
+    if row.get("peak_memory_gib"):
+        text += f", peak {row['peak_memory_gib']:.1f} GiB"
+    return text, False
+
+
 def key_candidates(out: pathlib.Path, pattern: str = "candidates_*.json") -> str:
     """Each candidate row's MFU and peak, or its error. A candidate that is refused (it
     cannot fit the device, or cannot run there) is a finding, recorded in the table as not
     trained; any other error, or no row at all, fails the part."""
     parts, failed = [], False
     for row in rows(out, pattern):
-        if "error" in row or "skipped" in row:
-            failed = failed or not refused(row)
-            parts.append(f"{label(row)}: {row.get('error') or row['skipped']}")
-            continue
-        text = f"{label(row)} {row['mfu']:.1%} MFU" if row.get("mfu") else f"{label(row)} no MFU"
-        if row.get("peak_memory_gib"):
-            text += f", peak {row['peak_memory_gib']:.1f} GiB"
+        text, row_failed = summary(row, label(row))
         parts.append(text)
+        failed = failed or row_failed
     if failed:
         raise Failed("; ".join(parts))
     return "; ".join(parts)
@@ -267,14 +273,10 @@ def key_moe(out: pathlib.Path) -> str:
     parts, done, failed = [], {}, False
     for row in rows(out, "moe.json"):
         name = row["experiment"]
-        if "error" in row or "skipped" in row:
-            failed = failed or not refused(row)
-            parts.append(f"{name}: {row.get('error') or row['skipped']}")
-            continue
-        text = f"{name} {row['mfu']:.1%} MFU" if row.get("mfu") else f"{name} no MFU"
-        if row.get("peak_memory_gib"):
-            text += f", peak {row['peak_memory_gib']:.1f} GiB"
-        done[name] = (len(parts), row)
+        text, row_failed = summary(row, name)
+        failed = failed or row_failed
+        if "error" not in row and "skipped" not in row:
+            done[name] = (len(parts), row)
         parts.append(text)
     if "Qwen3A3B_moe" in done and "Qwen3A3B_dense" in done:
         (index, moe), (_, dense) = done["Qwen3A3B_moe"], done["Qwen3A3B_dense"]
