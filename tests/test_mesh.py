@@ -38,6 +38,10 @@ def test_wrong_product_names_count_and_suggests_a_shape():
     # The user's own three-entry shape, and on CPU the flag that gives more devices.
     assert message.startswith("ICI_MESH_SHAPE=[3, 1, 1] x DCN_MESH_SHAPE=[1, 1, 1] covers")
     assert "XLA_FLAGS=--xla_force_host_platform_device_count=3" in message
+    assert "(1 process x 8)" in message
+    with pytest.raises(UserError, match=r"covers 1 device, but this job has 8 .* gives each "
+                                        r"process 1 device$"):
+        mesh_lib.create_mesh([1, 1, 1], [1, 1, 1])
 
 
 def test_dcn_must_match_process_count():

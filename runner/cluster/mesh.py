@@ -55,13 +55,18 @@ def _size_error(ici: list[int], dcn: list[int], devices: list, num_processes: in
     wanted, num_devices = math.prod(ici) * math.prod(dcn), len(devices)
     per_process = num_devices // num_processes
     cpu = (f"; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} gives each "
-           f"process {wanted} devices" if devices[0].platform == "cpu" and num_processes == 1
-           else "")
+           f"process {_count(wanted, 'device')}"
+           if devices[0].platform == "cpu" and num_processes == 1 else "")
     return UserError(
-        f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers {wanted} devices, but this job "
-        f"has {num_devices} ({num_processes} process(es) x {per_process}); try "
+        f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers {_count(wanted, 'device')}, but "
+        f"this job has {num_devices} ({_count(num_processes, 'process')} x {per_process}); try "
         f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
         f"{cpu}")
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 device', '8 devices', '2 processes'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def _dcn_error(dcn, num_processes: int, num_nodes: int | None = None) -> UserError:
