@@ -1,7 +1,10 @@
 """The command line's flags (absl), with Pax's names where Pax had the flag, each range
 checked by an absl validator as the flags are parsed, whatever the mode, so a typo fails
 before any work. main.py reads them; the launcher receives options objects built from
-them."""
+them.
+
+`--help` lists them by group, one line each (GROUPS, which docs/reference/flags.md's sections
+follow: tests/test_docs.py); `--helpfull` adds every flag's full help and absl's own flags."""
 
 import os
 import sys
@@ -12,9 +15,7 @@ from absl import logging as absl_logging  # also defines --alsologtostderr, --lo
 from core.errors import UserError
 
 FLAGS = flags.FLAGS
-app.define_help_flags()  # --help, -h, --helpfull, as absl programs (and the Pax scripts) have
 flags.DEFINE_string("fdl_config", None, "Experiment: experiments.NAME or my_module.MyClass.")
-flags.DEFINE_alias("exp", "fdl_config")  # paxml's older name, used by run_lambada_singlenode.sh
 flags.DEFINE_string("fdl_config_file", None, "Rerun a recorded run: its job_log_dir/"
                     "fiddle_graph.json (the experiment comes from hyperparameters.json beside it "
                     "unless --fdl_config names it).")
@@ -107,11 +108,164 @@ flags.DEFINE_string("jax_compilation_cache_dir", None, "JAX's persistent compila
                     "$JAX_COMPILATION_CACHE_DIR if set, else "
                     "$XDG_CACHE_HOME/paxloom/jax_compilation_cache (~/.cache/paxloom/...); "
                     "'none' or '' turns it off (runner/cluster/compilation_cache.py).")
-flags.DEFINE_alias("compilation_cache_dir", "jax_compilation_cache_dir")
 flags.DEFINE_float("hang_timeout_s", 3600.0, "End the job (every thread's stack in the log, "
                    "one line, exit status 4) when training makes no progress for this many "
                    "seconds: a stalled step, collective, checkpoint or peer process. Longer "
                    "than the first step's compilation; 0 turns the watchdog off.")
+
+# Other names of flags: --exp is paxml's older name (run_lambada_singlenode.sh passes it).
+ALIASES = {"exp": "fdl_config", "compilation_cache_dir": "jax_compilation_cache_dir"}
+for _alias, _name in ALIASES.items():
+    flags.DEFINE_alias(_alias, _name)
+
+# What `--help` prints: the flags by group, in this order, one line each, and the default where
+# it says something. docs/reference/flags.md has a section per group with exactly its flags
+# (and their aliases), and every flag defined above is in a group (tests/test_docs.py).
+GROUPS: dict[str, dict[str, str]] = {
+    "What to run": {
+        "fdl_config": "the experiment: experiments.NAME or my_module.MyClass",
+        "fdl_config_file": "rerun a recorded run from its job_log_dir/fiddle_graph.json",
+        "mode": "train, eval (once), plan (memory, speed) or decode",
+        "list_experiments": "list the experiments (of --fdl_config=MODULE) and exit",
+        "print_config": "print the hyperparameters and the Fiddle graph, then exit",
+    },
+    "Where to write": {
+        "job_log_dir": "config, TensorBoard events, checkpoints; a rerun resumes there",
+        "jax_compilation_cache_dir": "JAX's compile cache; 'none': off",
+    },
+    "Data": {
+        "data_dir": "pile/ and lambada/, your own files, or paxml's TFDS output",
+        "tfds_data_dir": "--data_dir as the Pax scripts name it (default: $TFDS_DATA_DIR)",
+        "cache_dir": "tokenized data (default: beside the data, else ~/.cache/paxloom)",
+        "vocab_path": "the tokenizer (default: $VOCAB_PATH)",
+    },
+    "Checkpoints and evaluation": {
+        "restore_checkpoint_dir": "start from another run's checkpoint: fine-tuning, eval",
+        "restore_checkpoint_step": "the step to restore (default: the latest)",
+        "skip_broken_checkpoints": "restore the newest earlier checkpoint if one is damaged",
+        "enable_checkpoint_saving": "save checkpoints",
+        "preemption_signal": "on it, save a checkpoint and exit 0, as on SIGTERM",
+        "eval_on_test": "evaluate while training (default: as the experiment says)",
+    },
+    "Memory and hangs": {
+        "device_memory_gb": "GB a device can give, checked before step 1; 0: ask it",
+        "hang_timeout_s": "end a run stalled for this many seconds; 0: never",
+    },
+    "Planning (--mode=plan)": {
+        "plan_device": "h100, h200, a100-80gb or a100-40gb",
+        "plan_compiler": "auto, gpu (XLA:GPU, no GPU needed) or cpu (XLA:CPU)",
+        "plan_mfu": "the MFU the predicted step time assumes",
+        "plan_device_memory_gb": "GB of --plan_device; 0: the table's",
+    },
+    "Decoding (--mode=decode)": {
+        "prompt": "a prompt to continue (repeatable)",
+        "prompts_file": "prompts, one a line, or .jsonl of {\"prompt\": ...}",
+        "max_decode_steps": "most tokens per continuation",
+        "temperature": "0: greedy; above 0: sample at this temperature",
+        "top_k": "sample among the k likeliest tokens; 0: all",
+        "top_p": "keep the likeliest tokens of this total probability",
+        "decode_seed": "seed of the sampling",
+        "decode_batch_size": "prompts decoded together",
+        "prefill_chunk_len": "prompt tokens per prefill chunk; 0: the whole prompt",
+    },
+    "Several processes": {
+        "multiprocess_gpu": "start jax.distributed (SLURM, Open MPI: the rest is found)",
+        "server_addr": "HOST:PORT of process 0's coordinator",
+        "num_hosts": "processes in the job",
+        "host_idx": "this process's index, 0 .. num_hosts - 1",
+        "distributed_timeout_s": "seconds to wait for every process to start",
+    },
+    "Speed, logs and profiles": {
+        "peak_tflops": "peak TFLOP/s per device, for MFU; 0: by device kind",
+        "jax_profiler_port": "JAX's profiler server, for TensorBoard's profile tab",
+        "profile_start_step": "trace the steps after this one into job_log_dir/tb",
+        "profile_num_steps": "how many steps --profile_start_step traces",
+        "wandb_project": "also log to this Weights & Biases project",
+        "should_log_compiles": "log every JAX compilation",
+    },
+}
+
+USAGE = """\
+Usage: paxloom --fdl_config=EXPERIMENT [--fdl.NAME=VALUE ...] [--job_log_dir=DIR] [flags]
+       (python main.py takes the same flags)
+Example:
+  python main.py --fdl_config=experiments.GPT126M --fdl.PERCORE_BATCH_SIZE=4 --job_log_dir=runs/x
+
+--fdl.NAME=VALUE sets the experiment's hyperparameter NAME (--print_config shows them all);
+--fdl.path.to.field=VALUE sets any field of the run's Fiddle graph. VALUE is a Python
+literal: 8, 0.5, [1,8,1], "bfloat16".
+"""
+
+
+def ungrouped(flag_values: flags.FlagValues = FLAGS) -> list[str]:
+    """The flags this module defines that no group of GROUPS (nor ALIASES) lists."""
+    grouped = {name for group in GROUPS.values() for name in group} | set(ALIASES)
+    mine = flag_values.flags_by_module_dict().get(__name__, [])
+    return sorted({flag.name for flag in mine} - grouped)
+
+
+def help_text(flag_values: flags.FlagValues = FLAGS) -> str:
+    """`--help`: USAGE, then every group's flags, one line each."""
+    aliases = {name: alias for alias, name in ALIASES.items()}
+    groups = dict(GROUPS)
+    extra = ungrouped(flag_values)
+    if extra:  # a flag not in GROUPS yet (a test fails): still listed
+        groups["Other"] = {name: flag_values[name].help.split(". ")[0] for name in extra}
+    width = max(len(name) for group in groups.values() for name in group) + 2
+    lines = [USAGE]
+    for title, group in groups.items():
+        lines.append(f"{title}:")
+        for name, summary in group.items():
+            if name in aliases:
+                summary += f" (alias --{aliases[name]})"
+            default = flag_values[name].default
+            if not (default is None or default is False or default in ("", [])):
+                summary += f" (default: {default:g})" if isinstance(default, float) else \
+                    f" (default: {default})"
+            lines.append(f"  --{name:<{width}}{summary}")
+        lines.append("")
+    lines += ["absl's flags: --alsologtostderr (library logs), --log_dir=DIR, --flagfile=FILE.",
+              "--helpfull: every flag with its full help. docs/reference/flags.md: these groups "
+              "in full."]
+    return "\n".join(lines) + "\n"
+
+
+def _print_and_exit(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `paxloom --help | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+
+
+class _HelpFlag(app.HelpFlag):
+    """--help and -? (parse() also reads -h as --help): help_text(), then exit 0."""
+
+    def parse(self, arg):
+        if self._parse(arg):
+            _print_and_exit(help_text())
+
+
+class _HelpshortFlag(_HelpFlag):
+    NAME, SHORT_NAME = "helpshort", None
+
+
+class _HelpfullFlag(app.HelpfullFlag):
+    """--helpfull: USAGE, then absl's full listing (every module's flags), then exit 0."""
+
+    def parse(self, arg):
+        if self._parse(arg):
+            _print_and_exit(f"{USAGE}\nEvery flag, by the module that defines it:\n"
+                            f"{FLAGS.get_help()}\n")
+
+
+# absl's help flags (--helpxml and the others stay absl's), with Paxloom's help and exit 0.
+app.define_help_flags()  # once per process: a later call (absl's app.run) is a no-op
+for _name in ("help", "?", "helpshort", "helpfull"):
+    delattr(FLAGS, _name)
+for _flag in (_HelpFlag(), _HelpshortFlag(), _HelpfullFlag()):
+    flags.DEFINE_flag(_flag, module_name="absl.app")
 
 
 def _check(name: str, ok, expected: str) -> None:

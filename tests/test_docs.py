@@ -46,6 +46,21 @@ def test_readme_is_a_front_page():
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
+# An issue of the project's tracker, by number ("issue 29", "issue #33", "issues 29"): the
+# docs speak to users, who need what a part does, not which issue asked for it.
+_ISSUE_NUMBER = re.compile(r"\bissues? ?#?[0-9]+", re.IGNORECASE)
+
+
+def test_docs_name_no_issue_numbers():
+    found = []
+    for path in docs_examples.doc_files():
+        with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
+            found += [f"{path}:{number}: {line.strip()}"
+                      for number, line in enumerate(f, 1) if _ISSUE_NUMBER.search(line)]
+    assert not found, ("issue numbers in README.md and docs/ (say what it does for the user "
+                       "instead):\n" + "\n".join(found))
+
+
 def test_every_page_is_in_the_nav():
     with open(os.path.join(REPO_ROOT, "mkdocs.yml"), encoding="utf-8") as f:
         nav = f.read()
@@ -68,20 +83,40 @@ def test_every_example_uses_flags_the_code_defines():
 
 
 @pytest.mark.process  # reads main.py's flags in a fresh process
-def test_every_main_flag_is_in_the_flags_reference():
+def test_every_main_flag_has_a_group():
+    """launch/flags.py's GROUPS make `--help` and the sections of docs/reference/flags.md: a
+    flag defined there without a group would be missing from both."""
+    ungrouped = docs_examples.code_definitions()["ungrouped"]
+    assert not ungrouped, (f"flags of launch/flags.py in no group of its GROUPS (add each to "
+                           f"one, and to that section of docs/reference/flags.md): {ungrouped}")
+
+
+@pytest.mark.process  # reads main.py's flags in a fresh process
+def test_flags_reference_has_a_section_per_group_with_exactly_its_flags():
+    definitions = docs_examples.code_definitions()
+    aliases = definitions["aliases"]
+    expected = {title: sorted([*group, *(a for a, name in aliases.items() if name in group)])
+                for title, group in definitions["groups"].items()}
     with open(os.path.join(REPO_ROOT, "docs", "reference", "flags.md"), encoding="utf-8") as f:
-        reference = f.read()
-    defined = docs_examples.code_definitions()["flags"]
-    ours = _main_py_flag_names()
-    missing = sorted(name for name in ours if name in defined and f"`--{name}" not in reference)
-    assert not missing, f"main.py flags missing from docs/reference/flags.md: {missing}"
+        documented = _flag_table_sections(f.read())
+    assert documented == expected, (
+        "docs/reference/flags.md's sections (## title, a table of `--flag` rows) must be "
+        "launch/flags.py's GROUPS, in order, with exactly each group's flags and aliases:\n"
+        f"documented: {documented}\nGROUPS:     {expected}")
+    assert list(documented) == list(expected), "the sections are not in GROUPS' order"
 
 
-def _main_py_flag_names() -> list[str]:
-    """The flags main.py parses, as launch/flags.py defines them."""
-    with open(os.path.join(REPO_ROOT, "launch", "flags.py"), encoding="utf-8") as f:
-        code = f.read()
-    return re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", code)
+def _flag_table_sections(markdown: str) -> dict[str, list[str]]:
+    """{section title (backticks dropped): the sorted `--flags` of its table's rows}, for the
+    `## ` sections whose table has flag rows."""
+    sections: dict[str, list[str]] = {}
+    title = None
+    for line in markdown.splitlines():
+        if line.startswith("## "):
+            title = line[3:].replace("`", "").strip()
+        elif title and (row := re.match(r"\|\s*`--([\w.]+)`\s*\|", line)):
+            sections.setdefault(title, []).append(row.group(1))
+    return {title: sorted(names) for title, names in sections.items()}
 
 
 def _block_with(flag: str) -> docs_examples.Block:

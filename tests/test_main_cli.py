@@ -1,12 +1,20 @@
 """main.py end to end in subprocesses: the command line a user types."""
 
+import configparser
 import json
 import os
 
 import pytest
 
 from tests.support.paths import REPO_ROOT
-from tests.support.processes import assert_one_line, run_main, session_env
+from tests.support.processes import (
+    PYTHON,
+    assert_one_line,
+    run_command,
+    run_main,
+    run_python,
+    session_env,
+)
 from tests.support.tiny import model_flags
 
 # The tiny model's shapes with 16-wide heads, in the experiment's own dtype, data and schedule.
@@ -65,13 +73,67 @@ def test_list_experiments_and_print_config():
     assert "model.lm_tpl.stacked_transformer_tpl" in shown.stdout  # the Fiddle graph
 
 
+def entry_point_command(*args: str) -> list[str]:
+    """The installed `paxloom` command, as pip's console script runs it: setup.cfg's
+    [options.entry_points] function called from a __main__ that is not main.py."""
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    scripts = {name.strip(): target.strip() for name, _, target in
+               (line.partition("=") for line in
+                config["options.entry_points"]["console_scripts"].splitlines() if line)}
+    module, function = scripts["paxloom"].split(":")
+    return [PYTHON, "-c", f"import sys; from {module} import {function}; "
+            f"sys.argv[0] = 'paxloom'; sys.exit({function}())", *args]
+
+
 @pytest.mark.process
-@pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
-def test_help_prints_usage(flag):
-    out = run_main(flag)
-    assert out.returncode == 1, out.stderr  # absl's convention for --help
+@pytest.mark.parametrize("how", ["main.py", "paxloom"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_paxlooms_flags_by_group(how, flag):
+    out = (run_main(flag) if how == "main.py" else
+           run_command(entry_point_command(flag)))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) < 80, out.stdout
+    assert all(len(line) <= 100 for line in lines), out.stdout
+    for text in ("--fdl_config", "--fdl.NAME=VALUE", "--mode", "--job_log_dir",
+                 "--print_config", "--plan_device", "--device_memory_gb", "--helpfull",
+                 "What to run:", "Where to write:", "Data:", "Planning (--mode=plan):",
+                 "Decoding (--mode=decode):", "Several processes:"):
+        assert text in out.stdout, text
+    # One line a flag: its name, then what it does.
+    (mode,) = [line for line in lines if line.lstrip().startswith("--mode ")]
+    assert "train, eval" in mode and "(default: train)" in mode
+    assert "Other:" not in out.stdout  # every flag has a group
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("how", ["main.py", "paxloom"])
+def test_helpfull_keeps_absls_full_listing(how):
+    out = (run_main("--helpfull") if how == "main.py" else
+           run_command(entry_point_command("--helpfull")))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert "python main.py --fdl_config=experiments.GPT126M" in out.stdout
-    assert "--job_log_dir" in out.stdout and "Traceback" not in out.stderr
+    for text in ("launch.flags:", "absl.logging:", "--[no]alsologtostderr", "--job_log_dir: "
+                 "Directory for the resolved config", "--[no]helpfull"):
+        assert text in out.stdout, text
+
+
+@pytest.mark.process
+def test_a_flag_without_a_group_is_found_and_still_listed():
+    """The check tests/test_docs.py makes of every flag is not vacuous: a flag defined in
+    launch/flags.py and left out of GROUPS is reported, and --help lists it under Other."""
+    out = run_python("-c", "\n".join([
+        "from absl import flags",
+        "from launch import flags as launch_flags",
+        "assert launch_flags.ungrouped() == [], launch_flags.ungrouped()",
+        "flags.DEFINE_integer('new_flag', 3, 'Something new. More.', module_name='launch.flags')",
+        "print(launch_flags.ungrouped())",
+        "print(launch_flags.help_text())",
+    ]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("['new_flag']\n"), out.stdout
+    assert "Other:\n  --new_flag" in out.stdout and "Something new (default: 3)" in out.stdout
 
 
 @pytest.mark.process

@@ -13,7 +13,7 @@ app.define_help_flags()  # --help, -?, --helpshort, --helpfull; idempotent
 
 def parse_flags(argv: list[str]) -> None:
     """absl's flags from `argv`. --help (-h) prints the module docstring and the tool's flags
-    and exits 1, absl's convention, as main.py does; a bad flag is a UserError."""
+    and exits 1, absl's convention (main.py's own --help exits 0); a bad flag is a UserError."""
     argv = ["--help" if arg == "-h" else arg for arg in argv]  # absl's own short form is -?
     try:
         flags.FLAGS(argv)

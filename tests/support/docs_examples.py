@@ -241,11 +241,12 @@ _DESCRIBE_MAIN = """
 import json, sys
 sys.argv = ["main.py"]
 from absl import app, flags
-import launch.flags  # noqa: F401  (main.py's flags)
+import launch.flags  # main.py's flags
 import experiments
 from experiments.base import BaseExperiment
 app.define_help_flags()
-out = {"flags": {}, "experiments": {}}
+out = {"flags": {}, "experiments": {}, "groups": launch.flags.GROUPS,
+       "aliases": launch.flags.ALIASES, "ungrouped": launch.flags.ungrouped()}
 for name, flag in flags.FLAGS._flags().items():
     out["flags"][name] = isinstance(flag, flags.BooleanFlag) or flag.boolean
 for name, cls in experiments.registered().items():
@@ -262,8 +263,9 @@ def _python() -> str:
 
 @functools.cache
 def code_definitions(root: str = REPO_ROOT) -> dict:
-    """main.py's flags ({name: is boolean}) and each registered experiment's hyperparameters,
-    read in a fresh process (importing main defines its flags in absl's global registry)."""
+    """main.py's flags ({name: is boolean}), each registered experiment's hyperparameters,
+    and launch/flags.py's groups of flags (GROUPS, ALIASES, and the flags in no group), read
+    in a fresh process (importing main defines its flags in absl's global registry)."""
     env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
     proc = subprocess.run([_python(), "-c", _DESCRIBE_MAIN], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
