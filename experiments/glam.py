@@ -92,20 +92,20 @@ class GLaMBase(BaseExperiment):
             raise UserError("USE_LORA: GLaM's attention projections keep their heads combined "
                             "([D, N*H], GShard's layout), which layers/lora.py's adapters do not "
                             "take; set USE_LORA=False")
-        for name in self._names_not_read():
+        for name in self.unused_hyperparameters():
             value, own = getattr(self, name), getattr(type(self), name)
             if class_name(value) != class_name(own):
                 raise UserError(f"{name}={class_name(value)!r}: GLaM's layers (layers/glam.py, "
                                 f"as Pax's GLaM) do not read {name}; leave it at "
                                 f"{class_name(own)!r}")
 
-    @staticmethod
-    def _names_not_read() -> list[str]:
+    def unused_hyperparameters(self) -> tuple[str, ...]:
+        """The names GLaM's layers do not read (as Pax's GLaM task() does not)."""
         model = ("LAYERNORM_EPSILON", "SOFTMAX_INIT_STD", "EMBEDDING_LOOKUP_STYLE",
                  "LOSS_CHUNK_LEN")
         moe = [name for name in vars(groups.MixtureOfExperts)["__annotations__"]
                if name not in _MOE_NAMES_READ]
-        return [*model, *groups.GPT_ARCHITECTURE, *moe]
+        return (*model, *groups.GPT_ARCHITECTURE, *moe)
 
     def num_groups(self) -> int:
         """GShard's routing groups: the data-parallel devices (Pax: the product of every

@@ -139,6 +139,11 @@ class Architecture(Group):
     # layers (experiments/llama.py) sets this False and refuses other values.
     reads_gpt_architecture = True
 
+    def unused_hyperparameters(self) -> tuple[str, ...]:
+        """The names of this group that this experiment's model does not read (at their
+        defaults: _check refuses other values); --print_config lists them apart."""
+        return () if self.reads_gpt_architecture else GPT_ARCHITECTURE
+
     def _check(self) -> None:
         if self.ATTEN_LOGIT_CAP > 0 and self.ATTENTION_IMPL not in ("auto", "praxis"):
             raise UserError(f"ATTEN_LOGIT_CAP={self.ATTEN_LOGIT_CAP}: ATTENTION_IMPL="

@@ -21,9 +21,14 @@ def config_report(exp, config: fdl.Config) -> str:
     """Effective hyperparameters and the Fiddle graph, as shown by --print_config."""
     hyperparameters = exp.hyperparameters()
     pax_defaults = pax_compat.at_default(hyperparameters)
+    unused = exp.unused_hyperparameters()
     lines = [f"# {type(exp).__module__}.{type(exp).__name__}", "", "## Hyperparameters"]
     lines += [f"{name} = {value!r}" for name, value in hyperparameters.items()
-              if name not in pax_defaults]
+              if name not in pax_defaults and name not in unused]
+    if unused:
+        lines += ["", f"## Not read by {type(exp).__name__}'s model (it builds its own layers; "
+                      f"at their defaults)",
+                  ", ".join(f"{name}={hyperparameters[name]!r}" for name in unused)]
     lines += ["", "## Pax names at the only value Paxloom accepts (experiments/pax_compat.py)",
               ", ".join(f"{name}={hyperparameters[name]!r}" for name in pax_defaults)]
     lines += ["", "## Batch", spec.batch_layout(config, check=False).summary()]

@@ -8,7 +8,7 @@ from praxis import pax_fiddle
 
 import experiments
 from core.errors import UserError
-from experiments import overrides
+from experiments import overrides, registry
 from experiments.base import BaseExperiment
 from experiments.groups import CHOICES
 
@@ -364,3 +364,32 @@ def test_bad_dotted_overrides_give_one_line_errors(path, value, message):
     with pytest.raises(UserError, match=message) as info:
         overrides.apply_to_graph(exp.run_config(), {path: value}, exp.hyperparameter_types())
     assert "\n" not in str(info.value)
+
+
+def _applying(text: str) -> dict[str, str]:
+    """--print_config's "## Hyperparameters" section as {name: printed value}."""
+    section = text.split("## Hyperparameters\n", 1)[1].split("\n\n", 1)[0]
+    return dict(line.split(" = ", 1) for line in section.splitlines())
+
+
+@pytest.mark.parametrize("name", sorted(registry.registered()))
+def test_print_config_lists_as_applying_only_what_the_graph_reads(name):
+    """For every registered experiment, the feed-forward activation and the attention
+    biases --print_config lists as applying are the graph's; what the model does not read
+    (a Llama's or GLaM's GPT architecture names) is listed apart."""
+    from launch.record import config_report
+    from layers import gpt
+    from layers.stack import transformer_layer_template
+
+    exp = registry.registered()[name]()
+    model = exp.model_template()
+    applying = _applying(config_report(exp, exp.run_config()))
+    layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
+    activation = layer.tr_fflayer_tpl.activation_tpl.cls
+    # A name listed as applying must be the graph's (a Llama's SiLU-gated, bias-free layers
+    # failed this while their GELU and biases were listed with the rest).
+    if "ACTIVATION_CLS" in applying:
+        assert activation is gpt.activation_class(exp.ACTIVATION_CLS), name
+    if "USE_BIAS" in applying:
+        assert layer.tr_atten_tpl.use_bias == exp.USE_BIAS, name
+    assert not set(applying) & set(exp.unused_hyperparameters()), name
