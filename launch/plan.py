@@ -106,11 +106,12 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
         segments = [({"MAX_SEGMENTS_PER_SEQ": m}, f"at most {m} documents a row (the padding "
                      f"at a row's end counts as one): a little more padding")
                     for m in (32, 16, 8) if m < bound]
-    changes = {"documents per row (MAX_SEGMENTS_PER_SEQ)": segments,
-               "rematerialisation (CHECKPOINT_POLICY)": remat,
-               "smaller batch (PERCORE_BATCH_SIZE)": smaller,
-               "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
-               "more FSDP (mesh)": fsdp}
+    # The segment bound first where it matters: it costs a little padding, nothing else.
+    changes = {"documents per row (MAX_SEGMENTS_PER_SEQ)": segments} if segments else {}
+    changes |= {"rematerialisation (CHECKPOINT_POLICY)": remat,
+                "smaller batch (PERCORE_BATCH_SIZE)": smaller,
+                "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
+                "more FSDP (mesh)": fsdp}
     if p.pipeline is not None:
         changes["more, smaller microbatches (pipeline)"] = _more_microbatches(p)
     return changes
