@@ -42,14 +42,14 @@ TEST_WORKERS ?= 2
 
 # The quick loop: every test but those marked slow. CI runs test-all, slow ones included.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --durations=25 tests
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 # The tests that run in pytest's own process: no main.py or other program started.
 test-unit: $(TEST_STAMP)
 	$(PY) -m pytest -m "not slow and not process" -n $(TEST_WORKERS) tests
 
 test-all: $(TEST_STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=25 tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 # The documentation site, built into site/ (tests/test_docs.py builds it strictly too).
 docs: $(TEST_STAMP)

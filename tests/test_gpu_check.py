@@ -442,6 +442,7 @@ def test_record_refuses_a_malformed_row_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.slow  # two benchmark rows in fresh processes: 20 s
 def test_a_row_that_cannot_fit_is_an_error_row_and_the_next_row_runs(tmp_path):
     """gpu_bench compiles each row's step, then compares its memory with the device's
     (on CPU: --device_memory_gb): a row that cannot fit is one error line, no traceback,

@@ -93,6 +93,7 @@ def test_the_import_check_passes_and_fails_when_the_weights_differ(hf_dir, monke
 
 
 @pytest.mark.process
+@pytest.mark.slow  # the in-process test above checks the comparison itself
 def test_the_import_check_command_line(hf_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"{PROMPT}\n")

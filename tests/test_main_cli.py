@@ -183,6 +183,7 @@ def test_synthetic5b_tiny_run_writes_events_and_reloadable_config(tmp_path):
 
 
 @pytest.mark.process
+@pytest.mark.slow  # 18 s: a profiled run and its rerun
 def test_pax_flags_profile_and_a_rerun_from_the_recorded_graph(tmp_path):
     """--exp, a dotted graph override, --noeval_on_test, --enable_checkpoint_saving=false and
     a profile of steps 2-3; then --fdl_config_file reruns the recorded graph to the same

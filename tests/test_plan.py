@@ -180,6 +180,7 @@ def test_upcast_copies_are_whole_bfloat16_arrays_made_float32_outside_fusions():
 
 
 @pytest.mark.process
+@pytest.mark.slow  # 27 s: a plan and its re-plans
 def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
         measured_plan, monkeypatch):
     # The experiment of measured_plan, so the subprocess finds its step in this module's

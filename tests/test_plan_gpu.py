@@ -29,11 +29,11 @@ def plan_peak_gib(*args) -> tuple[float, str]:
     return float(PEAK.search(out.stdout).group(1)), out.stdout
 
 
-# (flags, GiB measured on the H100). Each plans in 20-35 s on 2 cores: the first runs in
-# `make test`, the others in `make test-all`.
+# (flags, GiB measured on the H100). Each plans in 20-40 s on 2 cores: `make test-all`.
 MEASURED_ON_H100 = [
     pytest.param(["--fdl_config=experiments.Synthetic126M", "--fdl.PERCORE_BATCH_SIZE=8",
-                  "--fdl.ATTENTION_IMPL=praxis"], 30.9, id="126M-b8-praxis"),
+                  "--fdl.ATTENTION_IMPL=praxis"], 30.9, id="126M-b8-praxis",
+                 marks=pytest.mark.slow),
     pytest.param(["--fdl_config=experiments.Synthetic126M", "--fdl.PERCORE_BATCH_SIZE=8",
                   "--fdl.ATTENTION_IMPL=cudnn", "--fdl.PACKED_INPUT=False"], 12.6,
                  id="126M-b8-cudnn", marks=pytest.mark.slow),
@@ -77,6 +77,7 @@ def test_cudnns_packed_buffers_with_a_segment_per_token_do_not_fit_an_h200():
 
 
 @pytest.mark.process
+@pytest.mark.slow  # 40 s
 @needs_plugin
 def test_the_default_segment_bound_fits_an_h200_and_an_h100():
     planned, text = plan_peak_gib(*H200_126M)
