@@ -71,6 +71,7 @@ def test_unwritable_and_full_job_log_dir(tmp_path):
             job.check_writable(str(disk / "job"))
 
 
+@pytest.mark.slow  # 24 s
 @pytest.mark.process
 def test_failed_saves_stop_in_one_line_and_keep_the_last_checkpoint(tmp_path):
     """Immutable checkpoint directory, then a full disk: exit 2 within seconds, one line,

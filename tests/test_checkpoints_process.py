@@ -94,6 +94,7 @@ def assert_bitwise_equal(a, b):
 RESUMABLE = dict(MAX_STEPS=16, CHECKPOINT_EVERY_N_STEPS=2, SUMMARY_INTERVAL_STEPS=1)
 
 
+@pytest.mark.slow  # 25 s: a killed run and its rerun
 @pytest.mark.process
 def test_sigkill_at_a_random_step_then_rerun_matches_an_uninterrupted_run(tmp_path, env):
     assert_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, env)

@@ -99,6 +99,7 @@ def max_rel_diff(a, b) -> float:
 # ----- the tests -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 22 s: two processes under srun
 @pytest.mark.process
 @pytest.mark.multiprocess
 def test_main_py_under_srun_two_processes_dp_across_hosts(tmp_path, one_process):

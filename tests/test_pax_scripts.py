@@ -50,6 +50,7 @@ def pax_env(devices: int, **extra) -> dict[str, str]:
     return {**env, **extra}
 
 
+@pytest.mark.slow  # 30 s: two of Pax's scripts end to end
 @pytest.mark.process
 def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     tfds_data_dir, vocab = pax_data
