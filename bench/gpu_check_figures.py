@@ -265,6 +265,10 @@ def key_more(out: pathlib.Path) -> str:
     return key_candidates(out, "more_*.json")
 
 
+def key_layouts(out: pathlib.Path) -> str:
+    return key_candidates(out, "layouts_*.json")
+
+
 def key_moe(out: pathlib.Path) -> str:
     """Each row's MFU (on a token's active parameters) and peak memory, and the MoE row's
     tokens/s over its dense peer's (no target: the first figures are the finding). A row
@@ -325,7 +329,7 @@ def key_long(out: pathlib.Path) -> str:
 
 
 KEYS = {"install": key_install, "speed": key_speed, "candidates": key_candidates,
-        "tests": key_tests, "moe": key_moe, "fp8": key_fp8, "default": key_default,
+        "layouts": key_layouts, "tests": key_tests, "moe": key_moe, "fp8": key_fp8, "default": key_default,
         "more": key_more, "long": key_long}
 
 
