@@ -21,9 +21,10 @@ from layers import measured
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
-FIRST_RUN = ["install", "speed", "candidates", "tests"]  # those a plain run runs
-SECOND_RUN = ["moe", "fp8"]  # --parts moe,fp8 on the warm machine
-ALL_PARTS = FIRST_RUN + SECOND_RUN + ["default", "more", "long"]
+FIRST_RUN = ["install", "candidates", "layouts"]  # those a plain run runs
+SECOND_RUN = ["tests"]  # --parts tests on the warm machine
+ALL_PARTS = ["install", "speed", "candidates", "layouts", "tests", "moe", "fp8", "default",
+             "more", "long"]  # the order they run in
 ENV = {**os.environ, "PYTHON": sys.executable}  # conftest's CPU settings, this Python
 
 
@@ -47,7 +48,7 @@ def test_the_dry_run_checks_both_runs_within_their_budgets():
     done = subprocess.run(["bash", SCRIPT, "--dry-run"], cwd=REPO_ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    first, second = done.stdout.split("the second run (--parts moe,fp8)")
+    first, second = done.stdout.split("the second run (--parts tests)")
     for text, parts, limit in ((first, FIRST_RUN, 540), (second, SECOND_RUN, 225)):
         budgets = {name: int(seconds) for name, seconds in
                    re.findall(r"^(\w+) +budget +(\d+) s  ok$", text, re.MULTILINE)}
@@ -95,11 +96,12 @@ def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     assert done.stdout.splitlines()[-len(table):] == table
 
 
-def test_the_first_run_measures_the_default_path_before_anything_else():
-    """speed, first after the install, runs GPT126M at batch 8 with its PyTorch peer, then
-    Llama1B, both with ATTENTION_IMPL=auto; candidates measure cuDNN's packed layout at the
-    bounds 8 and 16, then jax's Pallas, a few steps each; the tests part stops in time to
-    write its report (pytest's session limit, then SIGINT), each test by name."""
+def test_the_first_run_measures_candidates_and_layouts_and_the_second_runs_the_tests():
+    """The first run measures cuDNN's packed layout at the bounds 8 and 16 and its unpacked
+    call, a few steps each, then the layouts the planner ranks (GPT126M's batch, Llama1B's
+    remat policies, ATTENTION_IMPL=auto); the tests part (the second run) stops in time to
+    write its report (pytest's session limit, then SIGINT), each test by name; speed
+    still measures the default path against its PyTorch peer when named."""
     script = open(SCRIPT).read()
     first = re.search(r"^FIRST_RUN=\(([^)]*)\)", script, re.MULTILINE).group(1).split()
     assert first == FIRST_RUN
@@ -108,8 +110,11 @@ def test_the_first_run_measures_the_default_path_before_anything_else():
                      r"--percore_batch_size 8", speed), speed
     candidates = part_body("candidates")
     assert "--impls cudnn" in candidates and "--sweep MAX_SEGMENTS_PER_SEQ=8,16" in candidates
-    assert "--impls pallas" in candidates and '"${FEW_STEPS[@]}"' in candidates
+    assert "--unpacked" in candidates and '"${FEW_STEPS[@]}"' in candidates
     assert re.search(r"^FEW_STEPS=\(--steps 6 --warmup 1\)", script, re.MULTILINE)
+    layouts = part_body("layouts")
+    assert "--sweep PERCORE_BATCH_SIZE=4,8,16" in layouts and "--impls auto" in layouts
+    assert "--sweep CHECKPOINT_POLICY=save_nothing,none,save_dot_with_no_batch_dims" in layouts
     tests = part_body("tests")
     for flag in ("-v", "-rfE", "--tb=line", "--junitxml=", "--session-timeout=", "RUN_SIGNAL=INT"):
         assert flag in tests, flag
