@@ -20,7 +20,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt requirements-plan.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	# XLA:GPU for --mode=plan, in its own directory: on the import path of plans only
-	# (runner/planning/gpu_target.py).
+	# (paxloom/runner/planning/gpu_target.py).
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/xla-gpu-compiler \
 		-r requirements-plan.txt
 	$(PY) -c "import layers, praxis.layers; print('praxis', 'ok')"

@@ -4,7 +4,7 @@
 
 On a CPU machine the script asks for 8 fake devices (as the tests do). It trains a
 GPT of --model's size on synthetic data with the Checkpointer that training uses
-(runner/state/checkpoints.py), and prints:
+(paxloom/runner/state/checkpoints.py), and prints:
 
   blocking   the time `Checkpointer.save` holds the train loop (device-to-host copy)
   total      from the start of a save until orbax has written and renamed it, while
@@ -36,9 +36,9 @@ import jax  # noqa: E402
 from praxis import pax_fiddle  # noqa: E402
 
 import experiments  # noqa: E402
-from runner.cluster import mesh as mesh_lib  # noqa: E402
-from runner.state import checkpoints  # noqa: E402
-from runner.training.trainer import Trainer  # noqa: E402
+from paxloom.runner.cluster import mesh as mesh_lib  # noqa: E402
+from paxloom.runner.state import checkpoints  # noqa: E402
+from paxloom.runner.training.trainer import Trainer  # noqa: E402
 
 MODELS = {
     # ~20M parameters (~240 MB of train state with Adam): a checkpoint big enough to time.

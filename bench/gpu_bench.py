@@ -3,7 +3,7 @@
 For each experiment (Synthetic126M, GPT1_3B, Synthetic5B cut to 8 layers so it fits one
 GPU, and Llama1B, the last three on synthetic data) and each attention implementation
 (layers/attention.py: praxis, xla, cudnn, pallas, auto): compile time, steady step time,
-tokens/s, MFU (docs/performance.md's formula, against runner/training/throughput.py's peak table), peak
+tokens/s, MFU (docs/performance.md's formula, against paxloom/runner/training/throughput.py's peak table), peak
 device memory and XLA's own estimate of it, as a table on stdout and a JSON file (a list
 of rows, each with the device kind and the jax and torch versions), rewritten after each
 row so that a run cut off keeps what it measured. --dry_run only builds each row's
@@ -21,7 +21,7 @@ to 4 layers at 65536 and 131072 tokens, one sequence a step (the second with the
 row still runs.
 
 Every row compiles its train step ahead of its first call and compares the compiled step's
-memory with what the device can still give (runner/training/memory_check.py, as main.py
+memory with what the device can still give (paxloom/runner/training/memory_check.py, as main.py
 does): a row that cannot fit is an error row, "the train step needs X GiB ... has Y GiB
 free", instead of an out-of-memory error from XLA, and the next row still runs. Each row
 also records what a row of the table of GPU-measured paths needs (layers/measured.py:
@@ -171,8 +171,8 @@ def describe(exp, config) -> dict:
     MAX_SEGMENTS_PER_SEQ, the MoE layer, the batch, the device, jax and the date here."""
     import jax
 
-    from core import mesh_axes, target
-    from core.mesh_axes import CONTEXT_AXIS
+    from paxloom.core import mesh_axes, target
+    from paxloom.core.mesh_axes import CONTEXT_AXIS
 
     device = target.this_process()
     kv_heads = getattr(exp, "NUM_KV_HEADS", None) or exp.NUM_HEADS
@@ -192,7 +192,7 @@ def describe(exp, config) -> dict:
         "compute_capability": ".".join(map(str, device.compute_capability)),
         "max_segments": exp.MAX_SEGMENTS_PER_SEQ, "num_experts": experts,
         "moe_backend": moe_backend,
-        # Pax's rule (core/batch.py); the measured row overwrites it with the trainer's.
+        # Pax's rule (paxloom/core/batch.py); the measured row overwrites it with the trainer's.
         "global_batch": round(exp.PERCORE_BATCH_SIZE * jax.device_count()),
         "seq_len": exp.MAX_SEQ_LEN, "device": device.kind, "devices": jax.device_count(),
         "jax": jax.__version__, "date": datetime.date.today().isoformat(),
@@ -249,10 +249,10 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
     import jax
     from praxis import pax_fiddle
 
-    from runner.cluster import mesh as mesh_lib
-    from runner.training import memory_check, throughput
-    from runner.training.prefetch import Prefetcher
-    from runner.training.trainer import Trainer
+    from paxloom.runner.cluster import mesh as mesh_lib
+    from paxloom.runner.training import memory_check, throughput
+    from paxloom.runner.training.prefetch import Prefetcher
+    from paxloom.runner.training.trainer import Trainer
 
     if config is None:
         config = exp.run_config()
@@ -449,7 +449,7 @@ def dry_run(args, configs: list[str], impls: list[str]) -> int:
     that each row's hyperparameters are valid and its graph builds, in seconds. Off a GPU
     the graph is built for an H100 (as --mode=plan --plan_device=h100 builds it), so that
     rows of GPU-only kernels (cudnn, pallas) and FP8 build too."""
-    from core.target import TargetDevice, this_process
+    from paxloom.core.target import TargetDevice, this_process
 
     target = this_process()
     if target.platform != "gpu":
@@ -571,7 +571,7 @@ def arguments() -> argparse.ArgumentParser:
                         help="also time bench/torch_gpt.py's PyTorch peer of each GPT "
                              "experiment and show the ratio")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
-                        help="peak TFLOP/s per device for MFU (default: runner/training/throughput.py's "
+                        help="peak TFLOP/s per device for MFU (default: paxloom/runner/training/throughput.py's "
                              "table)")
     parser.add_argument("--device_memory_gb", type=float, default=0.0,
                         help="the memory (GB) each device has, as main.py's flag: a row whose "
@@ -632,7 +632,7 @@ def main() -> int:
           f"{'tiny shapes' if args.tiny else 'full shapes'}, {args.warmup} warm-up + "
           f"{args.steps} timed steps, a process per row")
     print(f"MFU against the {'bfloat16 dense ' if args.fp8 else ''}peak of "
-          f"runner/training/throughput.py (or --peak_tflops); loss: of the last step "
+          f"paxloom/runner/training/throughput.py (or --peak_tflops); loss: of the last step "
           f"({max(args.loss_steps, 1 + args.warmup + args.steps)} in all)")
     print(HEADER)
     fp8_pairs = run_rows(args, probe, configs, impls, run_torch)

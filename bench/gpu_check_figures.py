@@ -51,7 +51,7 @@ TARGET_VS_TORCH = 1.0  # GPT126M with default settings over the PyTorch peer
 TARGET_LLAMA_MFU = 0.45
 TARGET_FP8_SPEEDUP = 1.2
 TARGET_FP8_LOSS = 0.02  # FP8's loss within 2% of bfloat16's after the same steps
-# runner/training/compile_log.py's line for a train step the restart loaded.
+# paxloom/runner/training/compile_log.py's line for a train step the restart loaded.
 CACHE_LOAD = re.compile(r"compiled jit\(_train_step\) in ([\d.]+)s \(loaded from the "
                         r"persistent compilation cache")
 PYTEST_TOTALS = re.compile(r"\d+ (passed|failed|errors?|skipped|deselected|xfailed)")

@@ -4,7 +4,7 @@ The bare loop feeds one fixed, already-sharded batch to a jitted
 loss -> grad -> AdamW step and does nothing else. The runner's loop also
 produces every batch (input pipeline + prefetch thread + host-to-device
 copies), keeps metrics on the device and prints a summary every 100 steps.
-The ratio runner/bare is the price of that machinery (aim: >= 0.95). On CPU
+The ratio paxloom/runner/bare is the price of that machinery (aim: >= 0.95). On CPU
 both loops wait for every step (an XLA:CPU deadlock workaround, see
 Trainer.__init__), so there the host work cannot hide behind device work.
 
@@ -24,9 +24,9 @@ import optax  # noqa: E402
 from praxis import pax_fiddle  # noqa: E402
 
 import experiments  # noqa: E402
-from runner.cluster import mesh as mesh_lib  # noqa: E402
-from runner.state.train_state import as_model_batch, praxis_context  # noqa: E402
-from runner.training.trainer import Trainer  # noqa: E402
+from paxloom.runner.cluster import mesh as mesh_lib  # noqa: E402
+from paxloom.runner.state.train_state import as_model_batch, praxis_context  # noqa: E402
+from paxloom.runner.training.trainer import Trainer  # noqa: E402
 
 
 def build(args):

@@ -17,7 +17,7 @@ script says so in one line and exits 0.
 
 Figures are those of gpu_bench.py's rows: the step time is the median over the timed
 steps of the intervals between CUDA events recorded after each step (the loop never
-waits for the device until the window ends); MFU uses runner/training/throughput.py's FLOPs per
+waits for the device until the window ends); MFU uses paxloom/runner/training/throughput.py's FLOPs per
 token and peak table. torch compiles lazily, inside the first step, so compile_s is the
 first step's time less a steady step's.
 
@@ -124,7 +124,7 @@ def measure(exp, steps: int, warmup: int, peak_tflops: float = 0.0) -> dict:
     if hasattr(exp, "NUM_KV_HEADS"):  # experiments/llama.py's family
         raise ValueError(f"{type(exp).__name__} is not a GPT; torch_gpt.py mirrors the GPT "
                          f"experiments only")
-    from runner.training import throughput
+    from paxloom.runner.training import throughput
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

@@ -16,16 +16,16 @@ import typing
 
 import fiddle as fdl
 
-from core import batch, mesh_axes
-from core.errors import UserError
 from experiments import groups
 from experiments.hyperparameters import Hyperparameters
+from paxloom.core import batch, mesh_axes
+from paxloom.core.errors import UserError
 
 if typing.TYPE_CHECKING:
     from praxis import pax_fiddle
 
-    from core import data
-    from core.target import TargetDevice
+    from paxloom.core import data
+    from paxloom.core.target import TargetDevice
 
 class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, groups.Pipeline,
                      groups.MixtureOfExperts,
@@ -45,7 +45,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
                             f"experiments.MixtralTiny) or Pax's GLaM experiments")
 
     def batch_layout(self) -> batch.BatchLayout:
-        """Global batch, sub-batches and microbatches on this mesh (core/batch.py), or
+        """Global batch, sub-batches and microbatches on this mesh (paxloom/core/batch.py), or
         UserError naming what to change."""
         mesh = mesh_axes.mesh_size(self.ICI_MESH_SHAPE, self.DCN_MESH_SHAPE)
         return batch.layout(self.PERCORE_BATCH_SIZE, mesh, self.GRADIENT_ACCUMULATION_STEPS,
@@ -59,7 +59,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
 
         Override it to build another family (experiments/llama.py), or call super()
         and swap a layer template (attention, feed-forward, norm). Sharding for the
-        mesh is added afterwards by the runtime (runner/state/partitioning.py).
+        mesh is added afterwards by the runtime (paxloom/runner/state/partitioning.py).
         """
         from layers import gpt
 
@@ -106,7 +106,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
     # --- The data seam -------------------------------------------------------------
 
     def dataset(self) -> "data.Dataset":
-        """What the run trains and evaluates on (core/data.py's Dataset protocol).
+        """What the run trains and evaluates on (paxloom/core/data.py's Dataset protocol).
 
         Default: the dataset registered under DATASET (tasks/datasets.py). Override it to
         train on your own files (`tasks.text.TextFiles(train="data/*.jsonl.gz", ...)`) or
@@ -122,11 +122,11 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
         a --vocab_path, a run that starts from a Hugging Face model directory encodes with
         that model's own tokenizer.json. UserError when the starting weights fix another
         VOCAB_SIZE (before any tokenizer check, which would name another size)."""
-        from core import data
+        from paxloom.core import data
 
         weights_vocab = None
         if self.CHECKPOINT_RESTORE_PATH:
-            from runner.state import initial_weights
+            from paxloom.runner.state import initial_weights
 
             weights_vocab = initial_weights.vocab_size(self.CHECKPOINT_RESTORE_PATH,
                                                        self.CHECKPOINT_IGNORE_RULES or [])
@@ -171,7 +171,7 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
 
         `data_dir`, `vocab_path` and `cache_dir` (tokenized data) say where this machine
         keeps the data; they are not hyperparameters, so they come from flags.
-        `target` (core/target.py): the devices to build for, this process's by default
+        `target` (paxloom/core/target.py): the devices to build for, this process's by default
         (--mode=plan passes the GPU it plans for).
         """
         from experiments import run_graph

@@ -16,7 +16,7 @@ What Pax's task() derives, and where it is here:
   (`num_groups`), each with a capacity of CAPACITY_FACTOR x its share of the tokens
   (Pax: 2.0, written into task(); here the MixtureOfExperts group's CAPACITY_FACTOR);
 - the experts are split over the `data` axis (praxis's set_sharding_params_v1, which the
-  runtime applies to every model: runner/state/partitioning.py).
+  runtime applies to every model: paxloom/runner/state/partitioning.py).
 Differences, each on purpose:
 - The names Pax's GLaM task() does not read (the GPT's architecture names, LAYERNORM_EPSILON:
   GLaM's RMSNorm keeps praxis's 1e-6, SOFTMAX_INIT_STD, the dropless layer's MoE names)
@@ -34,13 +34,13 @@ Differences, each on purpose:
 
 import math
 
-from core.errors import UserError
 from experiments import groups
 from experiments.base import BaseExperiment
 from experiments.gpt import GPT126M
 from experiments.hyperparameters import class_name
 from experiments.recipes import SampleCorpusOnCPU
 from experiments.registry import register
+from paxloom.core.errors import UserError
 
 # The names a GLaM model reads from the MixtureOfExperts group; the rest of that group
 # configures the dropless layer (layers/moe.py) and must keep GLaM's values.

@@ -9,10 +9,10 @@ listed there. The machinery is experiments/hyperparameters.py.
 import importlib.util
 import math
 
-from core import batch, mesh_axes, sequence_order
-from core.errors import UserError
 from experiments import pax_compat
 from experiments.hyperparameters import Group, class_name
+from paxloom.core import batch, mesh_axes, sequence_order
+from paxloom.core.errors import UserError
 
 # Allowed values of the string hyperparameters that name a choice.
 CHOICES = {
@@ -307,7 +307,7 @@ class MixtureOfExperts(Group):
                                       mesh_axes.CONTEXT_AXIS)
         if self.CAPACITY_FACTOR > 0 and context > 1:
             # Capacity keeps a sequence's earlier tokens first; with a context axis the layers
-            # see the tokens in core/sequence_order.py's order instead.
+            # see the tokens in paxloom/core/sequence_order.py's order instead.
             raise UserError(f"CAPACITY_FACTOR={self.CAPACITY_FACTOR} with {context}-way "
                             f"context parallelism would drop other tokens than without it; "
                             f"route dropless (CAPACITY_FACTOR=0), or use a mesh without a "
@@ -451,7 +451,7 @@ class Data(Group):
 
 
 class StartingWeights(Group):
-    """Pax's CheckpointRestoreMixin (runner/state/initial_weights.py)."""
+    """Pax's CheckpointRestoreMixin (paxloom/runner/state/initial_weights.py)."""
 
     # Initialise a new run's parameters from another run's job or checkpoint directory, one
     # checkpoint step directory, a Hugging Face model directory (config.json + safetensors)

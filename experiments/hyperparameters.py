@@ -11,8 +11,8 @@ annotating it (`MY_KNOB: int = 3`).
 import types
 import typing
 
-from core.errors import UserError, near_matches
 from experiments import pax_compat
+from paxloom.core.errors import UserError, near_matches
 
 
 class Group:

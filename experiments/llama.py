@@ -21,15 +21,15 @@ layer, top-2, RoPE theta 1e6, the 32000-piece vocabulary); Qwen3MoE30B_A3B is Qw
 wide, 32 query heads of 128 in 4 key/value groups, 128 experts of 768, top-8 renormalised,
 no shared expert, RoPE theta 1e6, RMSNorm epsilon 1e-6, a 151936-piece vocabulary), with
 its per-head RMSNorm of queries and keys before RoPE (QK-norm, USE_QK_NORM): Qwen3's
-architecture exactly, so its released weights import (runner/state/hf_format.py).
+architecture exactly, so its released weights import (paxloom/runner/state/hf_format.py).
 Neither publishes its training recipe; theirs here is Llama 2's (PileTraining's AdamW,
 peak 3e-4 with 2000 warmup steps, cosine to 10%).
 """
 
-from core.errors import UserError
 from experiments.base import BaseExperiment
 from experiments.recipes import PileTraining, SampleCorpusOnCPU
 from experiments.registry import register
+from paxloom.core.errors import UserError
 
 
 class LlamaBase(BaseExperiment):
@@ -379,7 +379,7 @@ class MixtralTiny(LlamaTiny):
     NUM_EXPERTS_PER_TOKEN = 2
     MOE_HIDDEN_DIMS = 128
     # Mixtral's router_aux_loss_coef, 0.02, weighs one loss pooled over its layers; here
-    # each MoE layer adds its own (runner/state/hf_format.py maps one to the other).
+    # each MoE layer adds its own (paxloom/runner/state/hf_format.py maps one to the other).
     LOAD_BALANCING_WEIGHT = 0.01
     ROUTER_Z_LOSS_WEIGHT = 1e-3
 
@@ -404,7 +404,7 @@ class Mixtral8x7B(_LlamaOnThePile):
     NUM_EXPERTS_PER_TOKEN = 2
     MOE_HIDDEN_DIMS = 14336
     # Mixtral's router_aux_loss_coef (0.02) weighs one loss pooled over its 32 layers; here
-    # each layer adds its own (runner/state/hf_format.py maps one to the other).
+    # each layer adds its own (paxloom/runner/state/hf_format.py maps one to the other).
     LOAD_BALANCING_WEIGHT = 0.02 / 32
     MAX_SEQ_LEN = 4096
     ICI_MESH_SHAPE = [1, 4, 2]

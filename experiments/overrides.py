@@ -16,7 +16,7 @@ import re
 
 import fiddle as fdl
 
-from core.errors import UserError, near_matches
+from paxloom.core.errors import UserError, near_matches
 
 FDL_PREFIX = "--fdl."
 _HYPERPARAMETER = re.compile(r"[A-Z][A-Z0-9_]*")

@@ -5,7 +5,7 @@ GPU configs give it and refused otherwise, in one line with the reason. They are
 
 import sys
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 
 _LRED = ("LR_LRED_* configure Pax's exponential-decay schedule (LinearRampupExponentialDecay), "
          "which Paxloom does not have; set LR_COS_*")
@@ -33,7 +33,7 @@ ACCEPTED_AT_DEFAULT = {
                             "not in Paxloom's attention"),
     "TRAINING_OPTIMIZED_SHARDING": (True, "Paxloom always shards for training "
                                           "(set_sharding_params_v1(training_optimized=True) in "
-                                          "runner/state/partitioning.py)"),
+                                          "paxloom/runner/state/partitioning.py)"),
 }
 
 # Names a Pax config sets that Pax itself never reads: a class that sets one is accepted

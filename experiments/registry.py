@@ -2,7 +2,7 @@
 
 import importlib
 
-from core.errors import UserError, near_matches
+from paxloom.core.errors import UserError, near_matches
 
 _REGISTRY: dict[str, type] = {}
 # The module of the Pax GPU experiments (configs.py beside paxml's GPU scripts): its

@@ -7,14 +7,14 @@ writes it to job_log_dir and `--print_config` shows it.
 
 import fiddle as fdl
 
-from core import mesh_axes, spec
-from core.errors import UserError
-from core.log import log
-from core.mesh_axes import CONTEXT_AXIS, full_shape
-from core.target import TargetDevice, this_process
 from layers import attention, fp8, lora, stack
 from layers.stack import transformer_layer_template
-from runner.state import optimizer, partitioning
+from paxloom.core import mesh_axes, spec
+from paxloom.core.errors import UserError
+from paxloom.core.log import log
+from paxloom.core.mesh_axes import CONTEXT_AXIS, full_shape
+from paxloom.core.target import TargetDevice, this_process
+from paxloom.runner.state import optimizer, partitioning
 
 
 def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = None,

@@ -18,7 +18,7 @@ q, k, v, the tied embedding appears as both the input embedding and the output
 projection, and the layers become a list, whether stored per layer, repeated (scanned,
 one layer or a block of several per repeat) or in pipeline stages
 (layers/layer_layout.py). The cached decoder and the
-Hugging Face export (tools/export_hf.py) both read this layout, so praxis's layout
+Hugging Face export (paxloom/tools/export_hf.py) both read this layout, so praxis's layout
 is decoded in one place. It works on numpy and jax arrays alike.
 """
 
@@ -459,7 +459,7 @@ def canonical_weights(params: dict, arch: Architecture) -> dict:
 
 
 # ----- the inverse: canonical weights -> praxis params -----------------------------------
-# Used to read other formats (a Hugging Face checkpoint, runner/state/hf_format.py) into a
+# Used to read other formats (a Hugging Face checkpoint, paxloom/runner/state/hf_format.py) into a
 # run's parameter tree. The run's abstract tree (`like`) decides what praxis's layout
 # leaves open: combined or separate q/k/v, per-layer or repeated (stacked) layers, and
 # how praxis stores a single key/value head.

@@ -30,8 +30,8 @@ implementations:
             "praxis" on CPU and wherever attention dropout is on. With a context axis,
             "pallas" on a GPU and "flash" elsewhere.
 
-Context parallelism (a `context` mesh axis, core/mesh_axes.py): each device holds a part
-of every sequence's tokens, laid out in core/sequence_order.py's load-balanced order. The
+Context parallelism (a `context` mesh axis, paxloom/core/mesh_axes.py): each device holds a part
+of every sequence's tokens, laid out in paxloom/core/sequence_order.py's load-balanced order. The
 attention gathers the keys, values and positions over the context axis (all-gather: cheap
 with grouped-query heads) and attends its own queries to them under shard_map, with a
 mask built from positions and documents, not from the order of the tokens: query q sees
@@ -52,10 +52,10 @@ from jax.sharding import PartitionSpec as P
 from praxis import py_utils
 from praxis.layers import attentions, multi_query_attention
 
-from core import sequence_order, target
-from core.mesh_axes import CONTEXT_AXIS
 from layers import flash, flash_pallas, measured, qk_norm
 from layers.stack import transformer_layer_template
+from paxloom.core import sequence_order, target
+from paxloom.core.mesh_axes import CONTEXT_AXIS
 
 IMPLS = ("praxis", "xla", "cudnn", "pallas", "flash", "auto")
 # The implementations that attend across a context axis.
@@ -121,7 +121,7 @@ class _FusedKernels:
         return self._shard_blnh(encoded)
 
     def _fused_kernel_planned(self) -> bool:
-        """Whether this is the planner (runner/planning/plan.py) tracing a GPU kernel on CPU
+        """Whether this is the planner (paxloom/runner/planning/plan.py) tracing a GPU kernel on CPU
         devices: it traces layers/flash.py's plain-JAX kernel instead, which keeps what the
         flash kernels keep (no [T, S] scores), so the plan's memory is theirs."""
         return jax.default_backend() != "gpu" and (
@@ -261,7 +261,7 @@ CONTEXT_STRATEGIES = ("all_gather", "ring")
 
 def use_context_parallelism(lm: fdl.Config, strategy: str) -> None:
     """Make the TransformerLm template `lm` one for a mesh with a context axis: the train
-    step lays the tokens out of order (core/sequence_order.py), so the model reads each
+    step lays the tokens out of order (paxloom/core/sequence_order.py), so the model reads each
     token's position and document from the batch, as packed input does, and its attention
     (already a fused class, use_attention_impl) masks by them, with keys and values
     exchanged by `strategy` (CONTEXT_STRATEGIES)."""

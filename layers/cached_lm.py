@@ -5,7 +5,7 @@ greedy continuations against praxis's own forward pass), from the canonical weig
 layers/architecture.py. praxis 1.4.0 has incremental decoding too (`extend_step`), but
 it keeps its cache in flax variable collections driven step by step from Python, and
 DESIGN.md lists its multi-query decoding among what newer jax broke; here prefill and
-every step run as one jitted loop (runner/inference/generate.py).
+every step run as one jitted loop (paxloom/runner/inference/generate.py).
 
 A mixture-of-experts layer (layers/moe.py) routes each token as praxis does (moe.route:
 softmax over all experts in float32, top k, renormalised if the model does) and runs

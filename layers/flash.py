@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from praxis import py_utils
 
-from core.mesh_axes import CONTEXT_AXIS
 from layers import flash_pallas
+from paxloom.core.mesh_axes import CONTEXT_AXIS
 
 FLASH_BLOCK = 128  # query rows per block of flash_attention
 FLASH_KEY_BLOCK = 512  # key columns per block
@@ -312,7 +312,7 @@ def positions_from_segment_ids(segment_ids):
 
 
 def segment_ids_from_positions(positions, order):
-    """[B, T] positions laid out in `order` (core/sequence_order.py) -> the segment ids of
+    """[B, T] positions laid out in `order` (paxloom/core/sequence_order.py) -> the segment ids of
     the same tokens: a document starts where its position is 0, in the natural order.
     (Padding, at position 0, is a segment per token: it attends only to itself, and no
     real token to it.)"""

@@ -6,7 +6,7 @@ The same contract as layers/flash.py's `flash_attention` (its plain-JAX twin): q
 sees key k when their segments (documents) are equal and k's position is not after q's.
 Unlike jax's Pallas and cuDNN kernels, whose causal mask compares the tokens' indices, this
 one holds for any order of the tokens, so it serves context parallelism's load-balanced
-order (core/sequence_order.py), where a device's queries are two chunks from far apart in
+order (paxloom/core/sequence_order.py), where a device's queries are two chunks from far apart in
 the row and its gathered keys come chunk by chunk.
 
 Block skipping: a block of queries meets a block of keys only if some query may see some

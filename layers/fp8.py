@@ -13,7 +13,7 @@ kernel, output gradient) keeps the absolute maxima of its last AMAX_HISTORY_LENG
 and a scale computed from their maximum, so no step waits for its own max-abs reduction.
 That state is parameters tagged with praxis's OVERWRITE_WITH_GRADIENT collection: the
 backward pass returns each one's next value as its "gradient", and the optimizer writes
-it in place of an update (runner/state/optimizer.py, overwrite_with_gradient). So it is
+it in place of an update (paxloom/runner/state/optimizer.py, overwrite_with_gradient). So it is
 checkpointed, restored and resharded with the parameters. Its paths match
 SCALING_STATE_RULE. The scales are global (replicated): an amax is the maximum over the
 whole tensor, across every shard, so FSDP and tensor parallelism change no number.
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax.linen import fp8_ops
 from praxis import base_layer, pax_fiddle
 
-from core import target
 from layers.stack import transformer_layer_template
+from paxloom.core import target
 
 # Transformer Engine's and praxis's default (praxis injection.fp8_nvidia_gpu).
 AMAX_HISTORY_LENGTH = 1024

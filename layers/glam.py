@@ -24,8 +24,8 @@ import fiddle as fdl
 from praxis import base_layer, pax_fiddle
 from praxis.layers import glam, transformers
 
-from core.step_metrics import report_step_metric
 from layers.stack import language_model, rematerialise
+from paxloom.core.step_metrics import report_step_metric
 
 
 class GShardFeedForward(transformers.TransformerFeedForwardMoe):

@@ -135,7 +135,7 @@ def activation_class(activation: str | type) -> type:
         elif activation.lower() in known:
             activation = known[activation.lower()]
         else:
-            from core.errors import near_matches
+            from paxloom.core.errors import near_matches
 
             names = sorted(cls.__name__ for cls in known.values())
             raise ValueError(f"ACTIVATION_CLS={activation!r} is not a praxis activation"

@@ -13,7 +13,7 @@ Pax adds `lora_a @ lora_b.T` to the weight before every use, which makes the bac
 compute the full weight gradient (the low-rank gradients are derived from it). Here the
 low-rank path runs beside the frozen weight instead, `x @ w + (x @ lora_a) @ lora_b.T`:
 the same function, and the frozen weight's gradient, which the trainer never asks for
-(runner/state/optimizer.py freezes it), is never computed.
+(paxloom/runner/state/optimizer.py freezes it), is never computed.
 
 `add_lora` swaps the layer templates of an (unsharded) model config: the feed-forward
 projections (ffn_layer1, ffn_layer1_gate, ffn_layer2), the attention's combined QKV

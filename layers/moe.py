@@ -41,8 +41,8 @@ import jax.numpy as jnp
 from praxis import base_layer, pax_fiddle
 from praxis.layers import activations, normalizations, transformers
 
-from core.mesh_axes import BATCH_AXES
-from core.step_metrics import report_step_metric
+from paxloom.core.mesh_axes import BATCH_AXES
+from paxloom.core.step_metrics import report_step_metric
 
 template_field = base_layer.template_field
 WeightHParams = base_layer.WeightHParams

@@ -46,7 +46,7 @@ try:
     from praxis import base_layer as _base_layer  # noqa: E402  (after the patches above)
 except ModuleNotFoundError as _missing:
     # praxis 1.4.0 pins jax 0.4.26 and TensorFlow 2.9, so it is installed without them.
-    from core.errors import UserError
+    from paxloom.core.errors import UserError
 
     raise UserError(f"{_missing.name} is not installed: it goes in without its stale pins, "
                     f"pip install --no-deps -r requirements-nodeps.txt (a Paxloom clone's "

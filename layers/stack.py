@@ -5,7 +5,7 @@ helper that finds the per-layer template inside a stack, repeated or not.
 A family (layers/gpt.py, layers/llama.py) takes the stack from `transformer_stack`,
 puts it in `transformer_lm`, configures the layer template it returns (norms,
 attention, feed-forward) and wraps the result with `language_model`. Everything here
-is unsharded: the runtime adds sharding last (runner/state/partitioning.py), whatever
+is unsharded: the runtime adds sharding last (paxloom/runner/state/partitioning.py), whatever
 layer classes the template holds.
 """
 
@@ -19,8 +19,8 @@ from praxis.layers import (
     transformers,
 )
 
-from core.mesh_axes import BATCH_AXES
 from layers.softmax import ChunkedFullSoftmax
+from paxloom.core.mesh_axes import BATCH_AXES
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

@@ -46,9 +46,9 @@ import fiddle as fdl
 import jax.numpy as jnp
 import numpy as np
 
-from core.data import DataSettings, Tokenizer
-from core.errors import UserError
-from core.spec import Evaluation
+from paxloom.core.data import DataSettings, Tokenizer
+from paxloom.core.errors import UserError
+from paxloom.core.spec import Evaluation
 from tasks import tfds
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
 from tasks.packing import make_batch

@@ -4,7 +4,7 @@ import sys
 
 from absl import app
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 
 
 def run(main) -> None:

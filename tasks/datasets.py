@@ -23,8 +23,8 @@ import functools
 
 import fiddle as fdl
 
-from core.data import DataSettings
-from core.errors import UserError, near_matches
+from paxloom.core.data import DataSettings
+from paxloom.core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.boolq import BoolQ
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
@@ -194,7 +194,7 @@ def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size,
                          num_batches, process_rows, max_segments=max_segments)
 
 
-# Checked before the first step (core/data.py), not when first read.
+# Checked before the first step (paxloom/core/data.py), not when first read.
 pile_train_input.check = lambda *, data_dir, **_: layout.pile_train_files(data_dir)
 pile_eval_input.check = lambda *, data_dir, **_: check_files(
     layout.pile_val_files, data_dir, "--fdl.EVAL_BATCHES=0 (or --noeval_on_test when "

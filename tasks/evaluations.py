@@ -11,7 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from core.spec import Evaluation
+from paxloom.core.spec import Evaluation
 from tasks import lambada
 
 

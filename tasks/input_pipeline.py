@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import UserError
-from core.log import log
+from paxloom.core.errors import UserError
+from paxloom.core.log import log
 from tasks.packing import make_batch, pack_documents, pad_batch_rows
 from tasks.prepare import PreparedFile, Tokenizer, prepare
 from tasks.text_formats import TextFormat

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import tfds
 from tasks.packing import make_batch
 from tasks.text_formats import jsonl_records

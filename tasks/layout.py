@@ -19,8 +19,8 @@ from pathlib import Path
 
 from absl import logging
 
-from core.errors import UserError
-from core.user_cache import user_cache_dir
+from paxloom.core.errors import UserError
+from paxloom.core.user_cache import user_cache_dir
 from tasks import tfds
 
 PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"

@@ -3,9 +3,9 @@ directory, and Lambada's evaluation (Pax's LAMBADA eval) over DIR/lambada."""
 
 import fiddle as fdl
 
-from core import errors
-from core.data import DataSettings, Tokenizer
-from core.errors import UserError
+from paxloom.core import errors
+from paxloom.core.data import DataSettings, Tokenizer
+from paxloom.core.errors import UserError
 from tasks import evaluations, layout
 from tasks.lambada import lambada_batches, read_lambada
 from tasks.tokenizer import load_tokenizer
@@ -64,7 +64,7 @@ class LambadaEvalInput:
 
     @staticmethod
     def check(*, data_dir, **_) -> None:
-        """The Lambada files exist (core/data.py: checked before the first step)."""
+        """The Lambada files exist (paxloom/core/data.py: checked before the first step)."""
         check_files(layout.lambada_files, data_dir, LAMBADA_OFF)
 
     def __iter__(self):

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks.vocab import PAD_ID
 
 BATCH_KEYS = ("ids", "labels", "weights", "paddings", "segment_ids", "segment_pos")

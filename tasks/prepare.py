@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags, logging
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import layout
 from tasks.progress import Progress
 from tasks.text_formats import ReadStats, TextFormat

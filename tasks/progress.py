@@ -8,7 +8,7 @@ line by line. Each line has the amount done, the rate and the time left.
 import sys
 import time
 
-from core.log import format_duration
+from paxloom.core.log import format_duration
 
 
 def _amount(value: float, unit: str) -> str:

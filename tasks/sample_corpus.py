@@ -32,7 +32,7 @@ from pathlib import Path
 import sentencepiece
 import zstandard
 
-from core.user_cache import user_cache_dir
+from paxloom.core.user_cache import user_cache_dir
 from tasks.train_vocab import train_sentencepiece
 
 SAMPLE_VERSION = 2

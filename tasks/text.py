@@ -27,8 +27,8 @@ import hashlib
 
 import fiddle as fdl
 
-from core.data import DataSettings
-from core.errors import UserError
+from paxloom.core.data import DataSettings
+from paxloom.core.errors import UserError
 from tasks import evaluations
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary

@@ -33,7 +33,7 @@ from pathlib import Path
 import zstandard
 from absl import logging
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import tfds
 
 # How many skipped records per file are logged individually before only counting.

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 
 PILE = ("the_pile", "lm", "1.0.0")
 LAMBADA = ("my_lambada", "lm", "1.0.0")

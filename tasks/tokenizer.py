@@ -27,7 +27,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks.vocab import PAD_ID, Vocabulary, load_vocabulary
 
 # Tried in order when no tokenizer_config.json names the EOS token.

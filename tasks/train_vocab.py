@@ -18,7 +18,7 @@ from pathlib import Path
 import sentencepiece as spm
 from absl import flags, logging
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import layout
 from tasks.progress import Heartbeat, Progress
 from tasks.text_formats import iter_documents

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 
 PAD_ID = 0
 # Embedding tables padded to a multiple of this run faster on GPUs (tensor cores).

@@ -13,11 +13,11 @@ import pytest
 from praxis import base_layer, pax_fiddle
 from praxis.layers import attentions, embedding_softmax, multi_query_attention, transformers
 
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import attention, flash
-from runner.state import checkpoints
-from runner.state.train_state import praxis_context
+from paxloom.core.errors import UserError
+from paxloom.runner.state import checkpoints
+from paxloom.runner.state.train_state import praxis_context
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer, train_losses
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from core.errors import UserError
-from launch import job
-from runner.state import checkpoints
+from paxloom.core.errors import UserError
+from paxloom.launch import job
+from paxloom.runner.state import checkpoints
 from tests.support.processes import assert_one_line, run_main, session_env
 from tests.support.tiny import tiny_flags
 from tests.test_checkpoints import JOB, run_job

@@ -1,4 +1,4 @@
-"""The batch layout is derived in one place (core/batch.py): the experiment's checks, the
+"""The batch layout is derived in one place (paxloom/core/batch.py): the experiment's checks, the
 trainer, the planner and --print_config read the same global batch, sub-batches and
 microbatches, here for a pipelined, accumulated configuration across two nodes."""
 
@@ -9,11 +9,11 @@ from jax.sharding import Mesh
 from praxis import pax_fiddle
 
 import experiments
-from core import batch, spec
-from core.errors import UserError
-from launch import plan, record
-from runner.cluster import mesh as mesh_lib
-from runner.training.trainer import Trainer
+from paxloom.core import batch, spec
+from paxloom.core.errors import UserError
+from paxloom.launch import plan, record
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.training.trainer import Trainer
 from tests.support.tiny import TINY
 
 # 2 nodes (DCN replica axis) x 4 devices: 2 stages x 2 data shards within each node.

@@ -14,10 +14,10 @@ import tokenizers
 from praxis import py_utils
 
 import experiments
-from core import errors
-from core.data import BATCH_DTYPES, DataSettings
-from core.errors import UserError
-from launch import job
+from paxloom.core import errors
+from paxloom.core.data import BATCH_DTYPES, DataSettings
+from paxloom.core.errors import UserError
+from paxloom.launch import job
 from tasks import boolq, datasets
 from tasks.tokenizer import load_tokenizer
 from tests.support.data import make_docs, train_hf_tokenizer

@@ -1,10 +1,10 @@
-"""The training loop's callback protocol (core/callbacks.py): each callback's
+"""The training loop's callback protocol (paxloom/core/callbacks.py): each callback's
 every_n_steps, save and stop requests, the order of the hooks, published scalars."""
 
 import pytest
 
-from core.callbacks import Callback, Request
-from runner.training.builtin_callbacks import ConsoleSummaries
+from paxloom.core.callbacks import Callback, Request
+from paxloom.runner.training.builtin_callbacks import ConsoleSummaries
 from tests.support.training import make_trainer
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

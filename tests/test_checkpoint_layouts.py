@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import experiments
-from core.errors import UserError
-from launch import decode as launch_decode
 from layers import layer_layout as ll
-from runner.inference import decode
-from runner.inference import model as inference
-from runner.state import checkpoints
+from paxloom.core.errors import UserError
+from paxloom.launch import decode as launch_decode
+from paxloom.runner.inference import decode
+from paxloom.runner.inference import model as inference
+from paxloom.runner.state import checkpoints
 from tests.support.inference import greedy_reference, save_job
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer

@@ -16,12 +16,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 import experiments
-from core.errors import UserError
-from launch import job
-from runner.state import checkpoints
-from runner.training import preemption
-from runner.training.builtin_callbacks import NonFiniteLossError
-from runner.training.trainer import Trainer
+from paxloom.core.errors import UserError
+from paxloom.launch import job
+from paxloom.runner.state import checkpoints
+from paxloom.runner.training import preemption
+from paxloom.runner.training.builtin_callbacks import NonFiniteLossError
+from paxloom.runner.training.trainer import Trainer
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer
 

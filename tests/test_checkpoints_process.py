@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 
-from runner.state import checkpoints
+from paxloom.runner.state import checkpoints
 from tests.support.files import tree_digest
 from tests.support.processes import (
     TIMEOUT_S,
@@ -261,7 +261,7 @@ def worker_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=2,
                                process_id=args.host_idx, initialization_timeout=120)
-    from runner.training.preemption import PreemptionWatcher
+    from paxloom.runner.training.preemption import PreemptionWatcher
 
     with PreemptionWatcher("SIGUSR1") as watcher:
         assert watcher.synchronized

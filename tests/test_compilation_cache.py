@@ -1,4 +1,4 @@
-"""The persistent compilation cache main.py turns on (runner/cluster/compilation_cache.py): where it
+"""The persistent compilation cache main.py turns on (paxloom/runner/cluster/compilation_cache.py): where it
 goes, how it is turned off, and a second start loading what the first compiled.
 
 Every cache here is under tmp_path: none of these runs writes into the user's ~/.cache.
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from runner.cluster import compilation_cache
+from paxloom.runner.cluster import compilation_cache
 from tests.support.processes import run_main
 from tests.support.tiny import model_flags
 

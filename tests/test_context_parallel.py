@@ -2,7 +2,7 @@
 the load-balanced token order, the attention across shards, and the runs around them, each
 against the same run without the context axis on the 8 fake CPU devices.
 
-- the order (core/sequence_order.py) gives every shard the same causal work, and the plain
+- the order (paxloom/core/sequence_order.py) gives every shard the same causal work, and the plain
   order does not;
 - losses and gradients of the GPT and of a grouped-query Llama, on packed and unpacked rows,
   with context parallelism 2, 4 and 8, alone and with FSDP and tensor parallelism, keys and
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import experiments
-from core import sequence_order
-from core.errors import UserError
 from experiments.llama import LlamaBase, MixtralTiny
 from layers import flash
-from runner.state import checkpoints
+from paxloom.core import sequence_order
+from paxloom.core.errors import UserError
+from paxloom.runner.state import checkpoints
 from tests.support.processes import assert_one_line, isolated_env, run_main
 from tests.support.tiny import fdl_flags, model_flags, tiny
 from tests.support.training import make_trainer, run_steps

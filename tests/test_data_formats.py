@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks.input_pipeline import PileEvalInput, raw_rows
 from tasks.prepare import cache_key, prepare
 from tasks.text_formats import ReadStats, TextFormat, expand_files, iter_documents

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks.lambada import (
     LambadaExample,
     lambada_batches,

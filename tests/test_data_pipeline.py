@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import layout
 from tasks.input_pipeline import FeistelPermutation, PileEvalInput, PileTrainInput
 from tasks.packing import BATCH_KEYS

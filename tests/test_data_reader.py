@@ -7,7 +7,7 @@ import pickle
 import pytest
 import zstandard
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import layout
 from tasks.text_formats import ReadStats, iter_documents
 from tasks.vocab import check_vocab_size, load_vocabulary

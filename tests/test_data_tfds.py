@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import layout, tfds
 from tasks.lambada import read_lambada
 from tasks.text_formats import iter_documents

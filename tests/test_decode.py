@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
-from launch import decode as launch_decode
 from layers import architecture, cached_lm
 from layers.stack import transformer_layer_template
-from runner.inference import decode
-from runner.inference import model as inference
-from runner.inference.generate import SamplingOptions
+from paxloom.core.errors import UserError
+from paxloom.launch import decode as launch_decode
+from paxloom.runner.inference import decode
+from paxloom.runner.inference import model as inference
+from paxloom.runner.inference.generate import SamplingOptions
 from tests.support.inference import greedy_reference, praxis_logits, save_job, save_state
 from tests.support.processes import run_main
 from tests.support.tiny import TINY

@@ -84,10 +84,10 @@ def test_every_example_uses_flags_the_code_defines():
 
 @pytest.mark.process  # reads main.py's flags in a fresh process
 def test_every_main_flag_has_a_group():
-    """launch/flags.py's GROUPS make `--help` and the sections of docs/reference/flags.md: a
+    """paxloom/launch/flags.py's GROUPS make `--help` and the sections of docs/reference/flags.md: a
     flag defined there without a group would be missing from both."""
     ungrouped = docs_examples.code_definitions()["ungrouped"]
-    assert not ungrouped, (f"flags of launch/flags.py in no group of its GROUPS (add each to "
+    assert not ungrouped, (f"flags of paxloom/launch/flags.py in no group of its GROUPS (add each to "
                            f"one, and to that section of docs/reference/flags.md): {ungrouped}")
 
 
@@ -101,7 +101,7 @@ def test_flags_reference_has_a_section_per_group_with_exactly_its_flags():
         documented = _flag_table_sections(f.read())
     assert documented == expected, (
         "docs/reference/flags.md's sections (## title, a table of `--flag` rows) must be "
-        "launch/flags.py's GROUPS, in order, with exactly each group's flags and aliases:\n"
+        "paxloom/launch/flags.py's GROUPS, in order, with exactly each group's flags and aliases:\n"
         f"documented: {documented}\nGROUPS:     {expected}")
     assert list(documented) == list(expected), "the sections are not in GROUPS' order"
 
@@ -143,10 +143,10 @@ def test_flag_check_fails_when_a_documented_flag_is_renamed():
     problems = docs_examples.check_block(misspelt)
     assert len(problems) == 1 and "--fdl.MAX_STEPZ" in problems[0], problems
 
-    script = docs_examples.Block("x.md", 1, ".venv/bin/python -m tools.export_hf "
+    script = docs_examples.Block("x.md", 1, ".venv/bin/python -m paxloom.tools.export_hf "
                                             "--job_log_dir=runs/a --out=runs/b")
     problems = docs_examples.check_block(script)
-    assert len(problems) == 1 and "--out is not a flag of -m tools.export_hf" in problems[0]
+    assert len(problems) == 1 and "--out is not a flag of -m paxloom.tools.export_hf" in problems[0]
 
 
 def test_commands_are_read_as_the_shell_reads_them():

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from core.errors import UserError
-from launch import job
-from launch import record as run_record
+from paxloom.core.errors import UserError
+from paxloom.launch import job
+from paxloom.launch import record as run_record
 from tests.support.data import make_docs, make_pile_dir, tiny_vocab_path
 from tests.support.processes import run_main
 

@@ -7,10 +7,10 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
-from core.errors import UserError
 from experiments import overrides, registry
 from experiments.base import BaseExperiment
 from experiments.groups import CHOICES
+from paxloom.core.errors import UserError
 
 
 def test_builtin_experiments_are_registered():
@@ -112,7 +112,7 @@ def test_gpt_model_graph_is_the_reference_model(name):
 
 
 def test_print_config_shows_the_reference_values(capsys):
-    from launch.record import config_report
+    from paxloom.launch.record import config_report
 
     exp = experiments.resolve("experiments.GPT126M")()
     text = config_report(exp, exp.run_config())
@@ -152,8 +152,8 @@ REFERENCE_LLAMA_SHARED = dict(
 def test_pax_llama_experiments_print_the_reference_values(name):
     from praxis.layers import multi_query_attention, normalizations
 
-    from launch.record import config_report
     from layers.stack import transformer_layer_template
+    from paxloom.launch.record import config_report
 
     exp = experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}")()
     assert type(exp) is experiments.resolve(f"experiments.{name}")
@@ -377,9 +377,9 @@ def test_print_config_lists_as_applying_only_what_the_graph_reads(name):
     """For every registered experiment, the feed-forward activation and the attention
     biases --print_config lists as applying are the graph's; what the model does not read
     (a Llama's or GLaM's GPT architecture names) is listed apart."""
-    from launch.record import config_report
     from layers import gpt
     from layers.stack import transformer_layer_template
+    from paxloom.launch.record import config_report
 
     exp = registry.registered()[name]()
     model = exp.model_template()

@@ -1,4 +1,4 @@
-"""tools/export_hf.py with the real client: transformers loads the export of each family
+"""paxloom/tools/export_hf.py with the real client: transformers loads the export of each family
 and computes praxis's logits; its tokenizer (a converted SentencePiece model, or the run's
 own tokenizer.json) encodes as training did; what a target cannot express is refused."""
 
@@ -13,9 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
-from launch import record
+from paxloom.core.errors import UserError
+from paxloom.launch import record
+from paxloom.tools import export_hf
 from tasks import datasets
 from tasks.text import TextFiles
 from tasks.tokenizer import HFTokenizer, load_tokenizer
@@ -24,7 +25,6 @@ from tests.support.data import tiny_vocab_path, write_corpus
 from tests.support.inference import praxis_logits, save_job
 from tests.support.processes import run_python, session_env
 from tests.support.tiny import TINY
-from tools import export_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -153,7 +153,7 @@ def test_what_gpt2_cannot_express_is_refused(tmp_path):
 
 @pytest.mark.process
 def test_export_of_a_directory_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
-    out = run_python("-m", "tools.export_hf", f"--job_log_dir={tmp_path}",
+    out = run_python("-m", "paxloom.tools.export_hf", f"--job_log_dir={tmp_path}",
                      f"--output={tmp_path / 'hf'}", env=session_env(JAX_PLATFORMS="cpu"),
                      timeout=120)
     assert out.returncode == 2, out.stderr

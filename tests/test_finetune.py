@@ -12,9 +12,9 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from experiments.llama import LlamaBase
-from launch import job
 from layers import architecture
-from runner.state import checkpoints, hf_format
+from paxloom.launch import job
+from paxloom.runner.state import checkpoints, hf_format
 from tests.support.files import tree_digest
 from tests.test_boolq import write_boolq, yes_no_tokenizer
 
@@ -43,7 +43,7 @@ def data_dir(tmp_path_factory):
 
 
 def experiment(hf_dir, **overrides):
-    """A LoRA BoolQ fine-tune of the model in `hf_dir`, as tools/import_hf.py's flags say."""
+    """A LoRA BoolQ fine-tune of the model in `hf_dir`, as paxloom/tools/import_hf.py's flags say."""
     family, sizes = hf_format.hyperparameters(str(hf_dir))
     assert family == "llama"
     return LlamaBase(**{

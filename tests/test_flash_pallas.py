@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from core import sequence_order
 from layers import flash, flash_pallas
-from runner.planning import gpu_target
+from paxloom.core import sequence_order
+from paxloom.runner.planning import gpu_target
 from tests.support.processes import run_python, session_env
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -151,10 +151,10 @@ def test_the_compiled_kernel_equals_dense_attention_on_a_gpu(dtype):
 
 COMPILE_FOR_H100 = """
 import sys
-from runner.planning import gpu_target
+from paxloom.runner.planning import gpu_target
 gpu_target.start_jax()
 import jax, jax.numpy as jnp
-from core import sequence_order
+from paxloom.core import sequence_order
 from layers import flash, flash_pallas
 device = gpu_target.devices("h100", 80 * 2**30, [1], [1])[0]
 sharding = jax.sharding.SingleDeviceSharding(device)

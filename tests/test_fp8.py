@@ -19,18 +19,18 @@ from praxis import pax_fiddle
 from safetensors.numpy import load_file
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
-from launch import decode as launch_decode
-from launch import job
 from layers import fp8, lora
-from runner.inference import decode
-from runner.planning import plan as planning
-from runner.state import checkpoints, initial_weights
+from paxloom.core.errors import UserError
+from paxloom.launch import decode as launch_decode
+from paxloom.launch import job
+from paxloom.runner.inference import decode
+from paxloom.runner.planning import plan as planning
+from paxloom.runner.state import checkpoints, initial_weights
+from paxloom.tools import export_hf
 from tests.support.inference import save_job, save_state
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer
-from tools import export_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -243,7 +243,7 @@ def test_restore_onto_another_mesh_gives_the_same_scaling_state(fp8_job, tmp_pat
 
 def start_from(tmp_path, path, **overrides):
     """(fresh parameters, parameters read from `path`) of a new run of RUN + overrides with
-    CHECKPOINT_RESTORE_PATH=path, as launch/job.py reads them."""
+    CHECKPOINT_RESTORE_PATH=path, as paxloom/launch/job.py reads them."""
     exp = experiments.BaseExperiment(**{**RUN, **overrides, "CHECKPOINT_RESTORE_PATH": str(path)})
     config = exp.run_config()
     trainer = make_trainer(tmp_path, **{**RUN, **overrides})
@@ -348,7 +348,7 @@ def test_accumulated_fp8_steps_take_the_whole_batchs_amax(runs, tmp_path):
     The forward passes quantize with the same scales: the amax histories of inputs and
     kernels take the maximum over the sub-batches, which is the whole batch's amax,
     exactly (a maximum does not round). The backward pass gives each token the gradient a
-    single pass gives it (runner/training/accumulation.py), so the output gradients' amaxes
+    single pass gives it (paxloom/runner/training/accumulation.py), so the output gradients' amaxes
     match too, to bfloat16's rounding (2**-7 relative). So the first loss differs only by the
     order of a float32 sum (rtol 1e-6), and later ones by the output gradients' e5m2 rounding
     and summation order: within 2**-8,

@@ -11,9 +11,9 @@ from praxis import base_layer, pax_fiddle
 from praxis.layers import activations, attentions, embedding_softmax, glam, transformers
 
 import experiments
-from core.errors import UserError
 from experiments.glam import GLaMTiny
 from layers import glam as glam_layers
+from paxloom.core.errors import UserError
 from tests.support.processes import assert_one_line, run_main
 
 pytestmark = pytest.mark.usefixtures("exact_matmuls")
@@ -192,7 +192,7 @@ PAX_DERIVED = {"126M64E": dict(num_groups=64, moe_load_balance_loss_weight=0.01 
     ("PileGLaM64B64E", PAX_GLAM64B64E, "64B64E"),
     ("LambadaGLaM64B64E", PAX_GLAM64B64E, "64B64E")])
 def test_print_config_shows_pax_glam_values(name, values, size):
-    from launch.record import config_report
+    from paxloom.launch.record import config_report
 
     exp = experiments.resolve(f"paxml.contrib.gpu.scripts_gpu.configs.{name}")()
     assert type(exp) is experiments.resolve(f"experiments.{name}")
@@ -314,7 +314,7 @@ def test_main_refuses_an_odd_number_of_glam_layers_in_one_line(tmp_path):
 
 @pytest.mark.slow  # about 20 s
 def test_glam_tiny_trains_with_the_load_balancing_loss_in_its_loss(tmp_path):
-    from runner.state.train_state import as_model_batch, praxis_context
+    from paxloom.runner.state.train_state import as_model_batch, praxis_context
     from tests.support.training import make_trainer, run_steps
 
     trainer = make_trainer(tmp_path, experiment=GLaMTiny, LAMBADA_EVAL=False, LR_COS_WARMUP=1,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from runner.state import checkpoints
-from runner.training import goodput
+from paxloom.runner.state import checkpoints
+from paxloom.runner.training import goodput
 from tests.support.processes import run_main, run_python, start_main
 from tests.support.tiny import tiny_flags
 
@@ -58,7 +58,7 @@ def test_a_killed_run_counts_the_steps_after_its_last_checkpoint_as_lost(tmp_pat
     assert not (job_dir / "goodput_current.json").exists()
     assert "goodput " in out.stdout.splitlines()[-1]  # the closing line
 
-    shown = run_python("-m", "runner.training.goodput", str(job_dir), timeout=60)
+    shown = run_python("-m", "paxloom.runner.training.goodput", str(job_dir), timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "died" in shown.stdout and "finished" in shown.stdout
     assert f"({died_at - saved} steps trained again)" in shown.stdout
@@ -77,6 +77,6 @@ def _step(job_dir) -> int:
 
 @pytest.mark.process
 def test_ledger_cli_on_a_directory_without_records(tmp_path):
-    shown = run_python("-m", "runner.training.goodput", str(tmp_path), timeout=60)
+    shown = run_python("-m", "paxloom.runner.training.goodput", str(tmp_path), timeout=60)
     assert shown.returncode == 2 and shown.stderr.startswith("error: ")
     assert len(shown.stderr.strip().splitlines()) == 1

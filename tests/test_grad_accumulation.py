@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import experiments
-from core.errors import UserError
-from launch import record
-from runner.training import accumulation
+from paxloom.core.errors import UserError
+from paxloom.launch import record
+from paxloom.runner.training import accumulation
 from tests.support.processes import assert_one_line, run_main
 from tests.support.training import make_trainer
 from tests.test_bad_inputs import TINY_FLAGS

@@ -1,7 +1,7 @@
 """A Hugging Face model used straight after its import: --mode=decode from starting weights
 alone (a job directory without a checkpoint of its own decodes the weights
-CHECKPOINT_RESTORE_PATH names, here a random Llama imported as tools/import_hf.py says),
-greedily to what transformers' generate gives; and tools/check_hf_import.py, which compares
+CHECKPOINT_RESTORE_PATH names, here a random Llama imported as paxloom/tools/import_hf.py says),
+greedily to what transformers' generate gives; and paxloom/tools/check_hf_import.py, which compares
 the two models' logits and greedy continuations, and fails when the import is wrong."""
 
 import json
@@ -12,10 +12,10 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from runner.state import hf_format
+from paxloom.runner.state import hf_format
+from paxloom.tools import check_hf_import, import_hf
 from tests.support.data import train_hf_tokenizer
 from tests.support.processes import run_main, run_python
-from tools import check_hf_import, import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -97,10 +97,10 @@ def test_the_import_check_passes_and_fails_when_the_weights_differ(hf_dir, monke
 def test_the_import_check_command_line(hf_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(f"{PROMPT}\n")
-    out = run_python("-m", "tools.check_hf_import", f"--hf_dir={hf_dir}",
+    out = run_python("-m", "paxloom.tools.check_hf_import", f"--hf_dir={hf_dir}",
                      f"--prompts_file={prompts}", "--max_new_tokens=4")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "greedy: same" in out.stdout
-    out = run_python("-m", "tools.check_hf_import", f"--hf_dir={hf_dir}",
+    out = run_python("-m", "paxloom.tools.check_hf_import", f"--hf_dir={hf_dir}",
                      f"--prompts_file={tmp_path / 'missing.txt'}")
     assert out.returncode == 2 and out.stderr.startswith("error: --prompts_file="), out.stderr

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints into Paxloom (runner/state/hf_format.py, tools/import_hf.py):
+"""Hugging Face checkpoints into Paxloom (paxloom/runner/state/hf_format.py, paxloom/tools/import_hf.py):
 the real client's models (transformers) compute the logits Paxloom computes from their
 import; a sharded or bfloat16 checkpoint reads as one float32 file; export then import
 gives back the parameters and export again the same tensors; what Paxloom does not model
@@ -22,18 +22,18 @@ from transformers import (
 )
 
 import experiments
-from core.data import BATCH_DTYPES
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
-from runner.cluster import mesh as mesh_lib
-from runner.inference.model import abstract_params
-from runner.state import checkpoints, hf_format
-from runner.state.train_state import as_model_batch, praxis_context
+from paxloom.core.data import BATCH_DTYPES
+from paxloom.core.errors import UserError
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.inference.model import abstract_params
+from paxloom.runner.state import checkpoints, hf_format
+from paxloom.runner.state.train_state import as_model_batch, praxis_context
+from paxloom.tools import export_hf, import_hf
 from tests.support.inference import praxis_logits, save_job
 from tests.support.processes import run_python, session_env
 from tests.support.tiny import TINY
-from tools import export_hf, import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 
@@ -363,7 +363,7 @@ def test_import_hf_prints_the_flags_of_the_matching_run(tmp_path):
 @pytest.mark.process
 def test_import_hf_of_a_bad_directory_is_one_line_and_exit_2(tmp_path):
     path = write_config(tmp_path, **LLAMA, attention_bias=True)
-    out = run_python("-m", "tools.import_hf", f"--hf_dir={path}",
+    out = run_python("-m", "paxloom.tools.import_hf", f"--hf_dir={path}",
                      env=session_env(JAX_PLATFORMS="cpu"), timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr == ("error: config.json attention_bias=true: Paxloom's Llama has no "

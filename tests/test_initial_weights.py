@@ -1,5 +1,5 @@
 """CHECKPOINT_RESTORE_PATH and CHECKPOINT_IGNORE_RULES: a new run's parameters from another
-run's checkpoint (runner/state/initial_weights.py), on another mesh, with Pax's rules.
+run's checkpoint (paxloom/runner/state/initial_weights.py), on another mesh, with Pax's rules.
 
 Hugging Face and Pax sources are tested with their readers (test_import_hf.py,
 test_pax_format.py); a restart after kill -9 is in test_checkpoints_process.py.
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import experiments
-from core.errors import UserError
-from core.spec import InitialWeights
-from launch import job
-from runner.state import checkpoints, initial_weights
+from paxloom.core.errors import UserError
+from paxloom.core.spec import InitialWeights
+from paxloom.launch import job
+from paxloom.runner.state import checkpoints, initial_weights
 from tests.support.files import tree_digest
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer

@@ -1,6 +1,8 @@
 """Paxloom installs as a package from a clone, into a fresh virtual environment, with the
 [text] extra and praxis without its stale pins, and the installed `paxloom` command trains a
-tiny model on a .txt corpus with a tokenizer.json, away from the clone."""
+tiny model on a .txt corpus with a tokenizer.json, away from the clone. The distribution
+installs four top-level names, the three that Pax users import (experiments, layers, tasks)
+and paxloom; no `main` module of its own."""
 
 import os
 import re
@@ -41,9 +43,16 @@ def test_installed_package_trains_on_a_text_corpus(tmp_path):
     away.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": xla_flags(8), "JAX_COMPILATION_CACHE_DIR": ""}
-    where = run(venv / "bin" / "python", "-c", "import main, tasks; print(main.__file__, "
-                "tasks.__file__)", cwd=away, env=env).stdout
+    python = venv / "bin" / "python"
+    where = run(python, "-c", "import paxloom, tasks; print(paxloom.__file__, tasks.__file__)",
+                cwd=away, env=env).stdout
     assert str(REPO_ROOT) not in where and str(venv) in where, where
+    top_level = run(python, "-c", "import importlib.metadata as m; "
+                    "print(m.distribution('paxloom').read_text('top_level.txt'))").stdout
+    assert sorted(top_level.split()) == ["experiments", "layers", "paxloom", "tasks"], top_level
+    no_main = subprocess.run([str(python), "-c", "import main"], cwd=away, env=env,
+                             capture_output=True, text=True)
+    assert "No module named 'main'" in no_main.stderr, no_main.stderr
     out = run(venv / "bin" / "paxloom", "--fdl_config=experiments.Tiny",
               '--fdl.DATASET="text"', f"--data_dir={corpus}", f"--vocab_path={tokenizer}",
               "--fdl.MAX_STEPS=4", "--fdl.SUMMARY_INTERVAL_STEPS=2", "--fdl.LAMBADA_EVAL=False",

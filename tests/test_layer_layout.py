@@ -20,7 +20,7 @@ from praxis.layers import transformers
 import experiments
 from layers import architecture
 from layers import layer_layout as ll
-from runner.state.train_state import as_model_batch, praxis_context
+from paxloom.runner.state.train_state import as_model_batch, praxis_context
 from tests.support.tiny import TINY
 
 L = 8

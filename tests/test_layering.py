@@ -11,26 +11,27 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Bottom to top; a package may import only packages of a lower rank (and itself).
 LAYERS = [
-    ["core"],
+    # `paxloom` itself and `paxloom.runner`: their __init__.py files, which import nothing
+    ["paxloom", "paxloom.core"],
     ["layers", "tasks"],
-    ["runner", "runner.cluster"],  # `runner` itself: runner/__init__.py, which imports nothing
-    ["runner.state"],
-    ["runner.training", "runner.inference"],
-    ["runner.planning"],
+    ["paxloom.runner", "paxloom.runner.cluster"],
+    ["paxloom.runner.state"],
+    ["paxloom.runner.training", "paxloom.runner.inference"],
+    ["paxloom.runner.planning"],
     ["experiments"],
-    ["launch"],
-    ["tools", "bench", "scripts_gpu"],
-    ["main"],
+    ["paxloom.launch"],
+    ["paxloom.tools", "bench", "scripts_gpu"],
+    ["paxloom.main"],
+    ["main"],  # the clone's main.py, which runs paxloom.main
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
-TOP_LEVEL = ("core", "layers", "tasks", "runner", "experiments", "launch", "tools", "bench",
-             "scripts_gpu")
+TOP_LEVEL = ("paxloom", "layers", "tasks", "experiments", "bench", "scripts_gpu")
 
 
 def package_of(module: str) -> str | None:
     """The layered package a dotted module name belongs to (None: not Paxloom's)."""
     parts = module.split(".")
-    for n in (2, 1):
+    for n in (3, 2, 1):
         if ".".join(parts[:n]) in RANK:
             return ".".join(parts[:n])
     return None
@@ -52,7 +53,7 @@ def imports(path: pathlib.Path, module: str):
                 yield node.lineno, resolve(alias.name)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.lineno, resolve(node.module)
-            for alias in node.names:  # `from runner import job` imports runner.job
+            for alias in node.names:  # `from paxloom.launch import job` imports its job
                 yield node.lineno, f"{resolve(node.module)}.{alias.name}"
 
 
@@ -83,7 +84,7 @@ def import_circles(modules) -> list[list[str]]:
     for module, path in names.items():
         by_line = {}
         for line, imported in imports(path, module):
-            # `from runner.cluster import mesh` names the module runner.cluster.mesh (not
+            # `from paxloom.runner.cluster import mesh` names the module ....cluster.mesh (not
             # the package, whose __init__ may import its own modules); an imported
             # function's name is not a module, so falls back to its module.
             while imported and imported not in names:
@@ -143,12 +144,14 @@ def test_no_two_modules_import_each_other():
     assert import_circles(sources()) == []
 
 
-@pytest.mark.parametrize("module, upper", [("tasks.evaluations", "runner.training.trainer"),
-                                           ("core.spec", "tasks.datasets"),
-                                           ("runner.training.trainer", "experiments"),
-                                           ("runner.planning.plan", "launch.job"),
-                                           ("runner.inference.model", "runner.training"),
-                                           ("experiments.base", "bench.gpu_bench")])
+@pytest.mark.parametrize("module, upper", [
+    ("tasks.evaluations", "paxloom.runner.training.trainer"),
+    ("paxloom.core.spec", "tasks.datasets"),
+    ("paxloom.runner.training.trainer", "experiments"),
+    ("paxloom.runner.planning.plan", "paxloom.launch.job"),
+    ("paxloom.runner.inference.model", "paxloom.runner.training"),
+    ("experiments.base", "bench.gpu_bench"),
+    ("paxloom.core.errors", "paxloom.main")])
 def test_an_upward_import_is_found(tmp_path, module, upper):
     """The check fails when the thing it guards is broken: a module given one more import,
     upward, inside a function."""
@@ -166,9 +169,9 @@ def test_a_circle_is_found(tmp_path):
     modules = dict(sources())
     assert import_circles(modules.items()) == []
     planted = tmp_path / "throughput.py"
-    original = modules["runner.training.throughput"].read_text()
-    planted.write_text(original + "\n\ndef later():\n    from runner.training import trainer  "
-                       "# noqa\n")
-    circles = import_circles({**modules, "runner.training.throughput": planted}.items())
-    assert any({"runner.training.trainer", "runner.training.throughput"} <= set(c)
+    original = modules["paxloom.runner.training.throughput"].read_text()
+    planted.write_text(original + "\n\ndef later():\n    from paxloom.runner.training import "
+                       "trainer  # noqa\n")
+    circles = import_circles({**modules, "paxloom.runner.training.throughput": planted}.items())
+    assert any({"paxloom.runner.training.trainer", "paxloom.runner.training.throughput"} <= set(c)
                for c in circles), circles

@@ -9,9 +9,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
-from launch import job
+from paxloom.core.errors import UserError
+from paxloom.launch import job
 from tests.support.training import make_trainer, train_losses
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import experiments
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import boolq
 from tests.support.data import make_docs, write_tfds_boolq, write_tfrecord
 from tests.support.paths import REPO_ROOT

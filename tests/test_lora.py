@@ -1,4 +1,4 @@
-"""LoRA (USE_LORA, layers/lora.py, runner/state/optimizer.py's train_only): an adapted model
+"""LoRA (USE_LORA, layers/lora.py, paxloom/runner/state/optimizer.py's train_only): an adapted model
 starts equal to its base, only the adapters train and only they hold optimizer state, and
 the merged weights (export, the cached decoder) compute what the adapted model computes."""
 
@@ -9,12 +9,12 @@ import pytest
 from praxis.layers import linears as praxis_linears
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture, cached_lm, lora
 from layers import attention as fused_attention
 from layers.stack import transformer_layer_template
-from runner.state import checkpoints
+from paxloom.core.errors import UserError
+from paxloom.runner.state import checkpoints
 from tests.support.inference import PARAMETER_STD, praxis_logits
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer

@@ -114,7 +114,7 @@ def test_helpfull_keeps_absls_full_listing(how):
            run_command(entry_point_command("--helpfull")))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert "python main.py --fdl_config=experiments.GPT126M" in out.stdout
-    for text in ("launch.flags:", "absl.logging:", "--[no]alsologtostderr", "--job_log_dir: "
+    for text in ("paxloom.launch.flags:", "absl.logging:", "--[no]alsologtostderr", "--job_log_dir: "
                  "Directory for the resolved config", "--[no]helpfull"):
         assert text in out.stdout, text
 
@@ -122,12 +122,12 @@ def test_helpfull_keeps_absls_full_listing(how):
 @pytest.mark.process
 def test_a_flag_without_a_group_is_found_and_still_listed():
     """The check tests/test_docs.py makes of every flag is not vacuous: a flag defined in
-    launch/flags.py and left out of GROUPS is reported, and --help lists it under Other."""
+    paxloom/launch/flags.py and left out of GROUPS is reported, and --help lists it under Other."""
     out = run_python("-c", "\n".join([
         "from absl import flags",
         "from launch import flags as launch_flags",
         "assert launch_flags.ungrouped() == [], launch_flags.ungrouped()",
-        "flags.DEFINE_integer('new_flag', 3, 'Something new. More.', module_name='launch.flags')",
+        "flags.DEFINE_integer('new_flag', 3, 'Something new. More.', module_name='paxloom.launch.flags')",
         "print(launch_flags.ungrouped())",
         "print(launch_flags.help_text())",
     ]))

@@ -1,12 +1,12 @@
-"""The check before the first train step (runner/training/memory_check.py): a step that
+"""The check before the first train step (paxloom/runner/training/memory_check.py): a step that
 cannot fit the memory a device can give stops in one line, exit 2, before anything is
 recorded; one that fits trains. On CPU the device's memory is stated (--device_memory_gb);
 a GPU's allocator states its own."""
 
 import pytest
 
-from core.errors import UserError
-from runner.training import memory_check
+from paxloom.core.errors import UserError
+from paxloom.runner.training import memory_check
 from tests.support.processes import run_main
 from tests.support.tiny import tiny_flags
 

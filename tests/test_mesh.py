@@ -3,9 +3,9 @@
 import jax
 import pytest
 
-from core import batch
-from core.errors import UserError
-from runner.cluster import mesh as mesh_lib
+from paxloom.core import batch
+from paxloom.core.errors import UserError
+from paxloom.runner.cluster import mesh as mesh_lib
 
 
 @pytest.mark.parametrize("ici, full", [

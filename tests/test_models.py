@@ -11,13 +11,13 @@ from jax.sharding import PartitionSpec as P
 from praxis import pax_fiddle
 from praxis.layers import attentions, normalizations, transformers
 
-from core.errors import UserError
-from core.spec import Evaluation
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers.stack import transformer_layer_template
-from runner.state import checkpoints, partitioning
-from runner.state.train_state import replicated_matrices
+from paxloom.core.errors import UserError
+from paxloom.core.spec import Evaluation
+from paxloom.runner.state import checkpoints, partitioning
+from paxloom.runner.state.train_state import replicated_matrices
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer, run_steps
 
@@ -227,7 +227,7 @@ def test_a_template_swapped_after_sharding_is_reported_replicated(tmp_path, caps
     layer.tr_atten_tpl = pax_fiddle.Config(MyAttention, combine_qkv=True)  # too late
     trainer = make_trainer(tmp_path, ICI_MESH_SHAPE=[1, 2, 4])
     with jax.set_mesh(trainer.mesh):
-        from runner.state.train_state import param_partition_specs
+        from paxloom.runner.state.train_state import param_partition_specs
 
         example = {k: np.zeros(s.shape, s.dtype) for k, s in trainer.batch_shapes.items()}
         specs = param_partition_specs(pax_fiddle.build(sharded), example, trainer.mesh)

@@ -13,11 +13,11 @@ import pytest
 from praxis import base_layer, pax_fiddle
 from praxis.layers import normalizations
 
-from core.errors import UserError
 from experiments import registry
 from experiments.llama import LlamaBase
 from layers import moe
-from runner.training import throughput
+from paxloom.core.errors import UserError
+from paxloom.runner.training import throughput
 from tests.support.processes import assert_one_line, run_main
 from tests.support.training import make_trainer, train_losses
 
@@ -401,7 +401,7 @@ def test_main_refuses_an_uneven_expert_split_in_one_line(tmp_path):
 
 
 def test_flops_count_the_experts_a_token_uses(tmp_path):
-    """MFU's N (runner/training/throughput.py): each expert weight counts k/E of its size."""
+    """MFU's N (paxloom/runner/training/throughput.py): each expert weight counts k/E of its size."""
     trainer = make_trainer(tmp_path, experiment=LlamaBase, ICI_MESH_SHAPE=[1, 8, 1], **MOE)
     params = trainer.abstract_state["params"]
     every = throughput.matmul_param_count(params)

@@ -1,5 +1,5 @@
 """Mixtures of experts (layers/moe.py) outside training: Hugging Face's Mixtral and
-Qwen2-MoE into Paxloom and back (runner/state/hf_format.py, tools/export_hf.py), the
+Qwen2-MoE into Paxloom and back (paxloom/runner/state/hf_format.py, paxloom/tools/export_hf.py), the
 cached decoder (layers/cached_lm.py) on an imported mixture, and the layouts a mixture
 every Nth layer stores its layers in (layers/layer_layout.py).
 
@@ -25,11 +25,12 @@ from transformers import (
     Qwen2MoeForCausalLM,
 )
 
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
 from layers import layer_layout as ll
-from runner.state import hf_format
+from paxloom.core.errors import UserError
+from paxloom.runner.state import hf_format
+from paxloom.tools import import_hf
 from tests.support.inference import (
     assert_greedy_continuations_equal_transformers,
 )
@@ -47,7 +48,6 @@ from tests.test_import_hf import (
     randomized,
     write_config,
 )
-from tools import import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache", "exact_matmuls")
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from experiments.llama import MixtralTiny
-from runner.state import checkpoints
+from paxloom.runner.state import checkpoints
 from tests import test_decode, test_lora
 from tests.support.data import make_pile_dir, tiny_vocab_path
 from tests.support.inference import save_job

@@ -27,8 +27,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from core.errors import UserError
-from runner.cluster import distributed
+from paxloom.core.errors import UserError
+from paxloom.runner.cluster import distributed
 from tests.support.processes import (
     DISTRIBUTED_TIMEOUT_S,
     JOB_TIMEOUT_S,

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from runner.state import checkpoints
+from paxloom.runner.state import checkpoints
 from tests.support.processes import free_port, main_commands, run_job
 from tests.support.tiny import fdl_flags
 from tests.test_multiprocess import RTOL, RUN, max_rel_diff

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from praxis import optimizers, pax_fiddle, schedules
 
-from runner.state import optimizer
+from paxloom.runner.state import optimizer
 
 SCHEDULES = [
     # GPT126M's (paxml/contrib/gpu/scripts_gpu/configs.py)

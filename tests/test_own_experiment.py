@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from runner.state import checkpoints
+from paxloom.runner.state import checkpoints
 from tests.support.paths import REPO_ROOT
 from tests.support.processes import TIMEOUT_S, isolated_env, start_main, wait_or_kill
 
@@ -32,7 +32,7 @@ import fiddle as fdl
 import numpy as np
 
 import experiments
-from core.callbacks import Callback
+from paxloom.core.callbacks import Callback
 from tasks.packing import make_batch
 
 

@@ -1,4 +1,4 @@
-"""runner/state/pax_format.py: a Pax checkpoint (tests/support/pax_checkpoints.py, paxml's files) of known
+"""paxloom/runner/state/pax_format.py: a Pax checkpoint (tests/support/pax_checkpoints.py, paxml's files) of known
 random weights, read into a Paxloom model, computes the logits and loss that `transformers`
 computes from the same weights, mapped to it by hand here (not through Paxloom's export).
 
@@ -19,13 +19,13 @@ from praxis import pax_fiddle
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import experiments
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
-from runner.cluster import mesh as mesh_lib
-from runner.inference.model import abstract_params
-from runner.state import pax_format
-from runner.state.train_state import as_model_batch, praxis_context
+from paxloom.core.errors import UserError
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.inference.model import abstract_params
+from paxloom.runner.state import pax_format
+from paxloom.runner.state.train_state import as_model_batch, praxis_context
 from tests.support.pax_checkpoints import flatten, stack_layers, write_pax_checkpoint
 
 L, D, F, N, H, V, S = 2, 64, 256, 4, 16, 512, 64  # layers, width, hidden, heads, head, vocab, seq
@@ -182,8 +182,8 @@ def test_gpt_repeated_pax_checkpoint_gives_gpt2s_logits(gpt_target, gpt_checkpoi
 def test_checkpoint_restore_path_reads_a_pax_job_onto_a_runs_mesh(gpt_target, gpt_checkpoint,
                                                                   tmp_path):
     """CHECKPOINT_RESTORE_PATH=<Pax job directory>: what read_params gives, on [2,2,2]."""
-    from core.spec import InitialWeights
-    from runner.state import initial_weights
+    from paxloom.core.spec import InitialWeights
+    from paxloom.runner.state import initial_weights
     from tests.support.training import make_trainer
 
     job, _ = gpt_checkpoint

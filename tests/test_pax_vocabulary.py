@@ -11,10 +11,10 @@ from praxis import layers as praxis_layers
 from praxis.layers import activations, attentions, embedding_softmax
 
 import experiments
-from core.errors import UserError
 from experiments.base import BaseExperiment
 from layers.stack import transformer_layer_template
-from runner.state import checkpoints
+from paxloom.core.errors import UserError
+from paxloom.runner.state import checkpoints
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer, run_steps
 

@@ -14,12 +14,12 @@ import jax
 import pytest
 
 import experiments
-from core import spec
-from core.errors import UserError
 from experiments.llama import LlamaTiny
 from layers import layer_layout
 from layers.stack import transformer_layer_template
-from runner.state import checkpoints
+from paxloom.core import spec
+from paxloom.core.errors import UserError
+from paxloom.runner.state import checkpoints
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer, run_steps
 

@@ -1,4 +1,4 @@
-"""--mode=plan (launch/plan.py, runner/planning/plan.py, runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
+"""--mode=plan (paxloom/launch/plan.py, paxloom/runner/planning/plan.py, paxloom/runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
 the fit verdict and its re-planned changes, and the plan against a real run."""
 
 import ctypes
@@ -10,9 +10,9 @@ import jax
 import pytest
 
 import experiments
-from launch import plan
-from runner.planning import hlo_text
-from runner.planning import plan as planning
+from paxloom.launch import plan
+from paxloom.runner.planning import hlo_text
+from paxloom.runner.planning import plan as planning
 from tests.support.processes import run_main
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer

@@ -1,4 +1,4 @@
-"""--mode=plan compiled by XLA:GPU without a GPU (runner/planning/gpu_target.py): its memory
+"""--mode=plan compiled by XLA:GPU without a GPU (paxloom/runner/planning/gpu_target.py): its memory
 against what an H100 measured, its async collectives read per mesh axis, and the
 one-line errors when its plugin is missing.
 
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from runner.planning import gpu_target, hlo_text
+from paxloom.runner.planning import gpu_target, hlo_text
 from tests.support.processes import run_main
 
 needs_plugin = pytest.mark.skipif(not gpu_target.installed(),
@@ -150,7 +150,7 @@ def test_xla_gpus_async_collectives_are_read_per_mesh_axis():
 
 
 def test_target_configs_describe_each_planned_gpu():
-    from runner.planning import plan
+    from paxloom.runner.planning import plan
 
     assert set(gpu_target.TARGETS) == set(plan.DEVICE_KINDS)
     text = gpu_target.target_config(gpu_target.TARGETS["a100-80gb"], 81920 * 2**20)

@@ -1,4 +1,4 @@
-"""--mode=plan for pipelined runs (launch/plan.py, runner/planning/plan.py): the bubble of the schedule, the
+"""--mode=plan for pipelined runs (paxloom/launch/plan.py, paxloom/runner/planning/plan.py): the bubble of the schedule, the
 stage-to-stage sends read from the compiled program and the links they cross, the
 single changes that keep the stage axis; and GPT175BPipelined, the reference experiment
 that needs pipelining, against its source and planned for its H100 cluster."""
@@ -10,9 +10,9 @@ import re
 import pytest
 
 import experiments
-from core import spec
-from launch import plan
-from runner.planning import plan as planning
+from paxloom.core import spec
+from paxloom.launch import plan
+from paxloom.runner.planning import plan as planning
 from tests.support.processes import run_main
 from tests.support.tiny import TINY
 

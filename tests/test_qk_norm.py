@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture, cached_lm, lora
-from runner.state import hf_format
+from paxloom.core.errors import UserError
+from paxloom.runner.state import hf_format
+from paxloom.tools import import_hf
 from tests.support.inference import praxis_logits
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer, run_steps
@@ -32,7 +33,6 @@ from tests.test_moe_hf import (
     SHAPES,
     assert_greedy_decoding_continues_as_transformers,
 )
-from tools import import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache", "exact_matmuls")
 

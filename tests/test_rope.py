@@ -18,10 +18,11 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture, rope
-from runner.state import hf_format
+from paxloom.core.errors import UserError
+from paxloom.runner.state import hf_format
+from paxloom.tools import import_hf
 from tests.support.inference import (
     assert_greedy_continuations_equal_transformers,
 )
@@ -37,7 +38,6 @@ from tests.test_import_hf import (
     placed,
     write_config,
 )
-from tools import import_hf
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
 

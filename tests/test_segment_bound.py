@@ -6,7 +6,7 @@ are refused in one line."""
 import numpy as np
 import pytest
 
-from core.errors import UserError
+from paxloom.core.errors import UserError
 from tasks import input_pipeline, layout, packing
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.packing import check_segment_bound, count_segments, make_batch, pack_documents

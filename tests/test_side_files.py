@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from core.errors import UserError
-from launch import job, record
-from runner.training import goodput
+from paxloom.core.errors import UserError
+from paxloom.launch import job, record
+from paxloom.runner.training import goodput
 from tests.support import data as fx
 from tests.support.processes import assert_one_line, run_main, start_main
 from tests.support.tiny import TINY, tiny_flags
@@ -109,7 +109,7 @@ def test_damaged_record_beside_a_recorded_graph_is_one_line(tmp_path, tiny):
 def test_damaged_checkpoint_metadata_is_named_then_skipped(tmp_path):
     import glob
 
-    from runner.state import checkpoints
+    from paxloom.runner.state import checkpoints
     from tests.test_checkpoints import run_job
 
     run_job(tmp_path)  # checkpoints at steps 4 and 8
@@ -197,7 +197,7 @@ def test_graph_override_out_of_range_from_main_is_one_line(tmp_path):
 @pytest.mark.process
 @pytest.mark.parametrize("where", ["under a file", "unwritable"])
 def test_export_output_that_cannot_be_created_is_one_line(tmp_path, tiny, where):
-    from tools import export_hf
+    from paxloom.tools import export_hf
 
     exp, config = tiny
     run = tmp_path / "run"
@@ -228,7 +228,7 @@ def _can_make_read_only(path) -> bool:
 # 6. Ctrl-C.
 
 def test_ctrl_c_in_training_saves_like_sigterm_and_a_second_stops_at_once():
-    from runner.training import preemption
+    from paxloom.runner.training import preemption
 
     before = signal.getsignal(signal.SIGINT)
     with preemption.PreemptionWatcher("none") as watcher:

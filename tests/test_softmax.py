@@ -10,12 +10,12 @@ import pytest
 from praxis import pax_fiddle
 from praxis.layers import embedding_softmax
 
-from core.errors import UserError
 from experiments.base import BaseExperiment
 from experiments.llama import LlamaBase
 from layers import architecture
 from layers.softmax import ChunkedFullSoftmax, ChunkedSharedEmbeddingSoftmax
-from runner.state.train_state import as_model_batch, praxis_context
+from paxloom.core.errors import UserError
+from paxloom.runner.state.train_state import as_model_batch, praxis_context
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer
 

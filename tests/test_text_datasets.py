@@ -10,10 +10,10 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
-from core.callbacks import Callback
-from core.errors import UserError
-from runner.cluster import mesh as mesh_lib
-from runner.training.trainer import Trainer
+from paxloom.core.callbacks import Callback
+from paxloom.core.errors import UserError
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.training.trainer import Trainer
 from tasks import datasets
 from tasks.text import TextFiles, held_out
 from tests.support.data import (

@@ -8,9 +8,9 @@ import pytest
 from praxis import pax_fiddle
 
 import experiments
-from runner.cluster import mesh as mesh_lib
-from runner.training.builtin_callbacks import CallbackList, TensorBoard
-from runner.training.trainer import Trainer
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.training.builtin_callbacks import CallbackList, TensorBoard
+from paxloom.runner.training.trainer import Trainer
 from tasks.train_vocab import train_sentencepiece
 from tests.support.data import write_lines, write_pile
 from tests.support.processes import bare_env, run_main

@@ -1,4 +1,4 @@
-"""The hang watchdog (runner/training/watchdog.py): a run that stops making progress ends
+"""The hang watchdog (paxloom/runner/training/watchdog.py): a run that stops making progress ends
 within --hang_timeout_s with every thread's stack, one line naming what it waited for, and
 its own exit status, its last checkpoint intact."""
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runner.training.watchdog import HANG_EXIT_STATUS
+from paxloom.runner.training.watchdog import HANG_EXIT_STATUS
 from tests.support.paths import REPO_ROOT
 from tests.support.processes import (
     Job,
@@ -25,7 +25,7 @@ from tests.support.tiny import tiny_flags
 STALLING = """
     import time
 
-    from core.callbacks import Callback
+    from paxloom.core.callbacks import Callback
     from experiments.base import BaseExperiment
 
 
@@ -62,7 +62,7 @@ def test_a_stalled_step_ends_the_run_in_one_line_with_its_status(tmp_path):
 
 
 def test_the_watchdog_is_quiet_while_there_is_progress(tmp_path):
-    from runner.training.watchdog import Watchdog
+    from paxloom.runner.training.watchdog import Watchdog
 
     with Watchdog(0.5, "a test") as watchdog:
         for step in range(8):
@@ -77,7 +77,7 @@ PEER = """
 
     import jax
 
-    from core.callbacks import Callback
+    from paxloom.core.callbacks import Callback
     from experiments.base import BaseExperiment
 
 

@@ -12,16 +12,16 @@ from praxis import pax_fiddle
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import experiments
-from core import errors
-from core.errors import UserError
 from experiments.llama import LlamaBase
 from layers import architecture
-from runner.state import hf_format
+from paxloom.core import errors
+from paxloom.core.errors import UserError
+from paxloom.runner.state import hf_format
+from paxloom.tools import import_hf
 from tests.support.data import make_docs, train_hf_tokenizer
 from tests.support.pax_checkpoints import write_pax_checkpoint
 from tests.support.processes import assert_one_line, run_main
 from tests.support.tiny import TINY, fdl_flags
-from tools import import_hf
 
 MODEL_VOCAB = 320  # the Hugging Face model's; its tokenizer has fewer pieces, at most 300
 

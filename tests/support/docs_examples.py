@@ -9,7 +9,7 @@ an example. A block whose fence is preceded by one of these HTML comment lines i
 
 Every block, marked or not, has its commands' flags checked against the code: `python main.py`
 flags against the absl flags main.py defines, `--fdl.UPPER_CASE=` against the hyperparameters
-of the experiment the command names, and `python tools/X.py` / `python -m tools.X` (bench/,
+of the experiment the command names, and `python paxloom/tools/X.py` / `python -m paxloom.tools.X` (bench/,
 tasks/, scripts_gpu/, ...) flags against the flags the script's `--help` prints. Unmarked
 blocks are run on CPU, in order per page, from a copy of the repository (`run_page`).
 """
@@ -193,7 +193,7 @@ def _is_python(word: str) -> bool:
 class Invocation:
     """A Python command of a block: `main.py`, a script path or a `-m` module, and its flags."""
 
-    program: str  # "main.py", "tools/export_hf.py" or "-m tools.export_hf"
+    program: str  # "main.py", "paxloom/tools/export_hf.py" or "-m paxloom.tools.export_hf"
     flags: tuple[str, ...]  # the words starting with --, as written
     experiment: str | None  # --fdl_config / --exp, for main.py
 
@@ -241,12 +241,12 @@ _DESCRIBE_MAIN = """
 import json, sys
 sys.argv = ["main.py"]
 from absl import app, flags
-import launch.flags  # main.py's flags
+from paxloom.launch import flags as launch_flags  # main.py's flags
 import experiments
 from experiments.base import BaseExperiment
 app.define_help_flags()
-out = {"flags": {}, "experiments": {}, "groups": launch.flags.GROUPS,
-       "aliases": launch.flags.ALIASES, "ungrouped": launch.flags.ungrouped()}
+out = {"flags": {}, "experiments": {}, "groups": launch_flags.GROUPS,
+       "aliases": launch_flags.ALIASES, "ungrouped": launch_flags.ungrouped()}
 for name, flag in flags.FLAGS._flags().items():
     out["flags"][name] = isinstance(flag, flags.BooleanFlag) or flag.boolean
 for name, cls in experiments.registered().items():
@@ -264,7 +264,7 @@ def _python() -> str:
 @functools.cache
 def code_definitions(root: str = REPO_ROOT) -> dict:
     """main.py's flags ({name: is boolean}), each registered experiment's hyperparameters,
-    and launch/flags.py's groups of flags (GROUPS, ALIASES, and the flags in no group), read
+    and paxloom/launch/flags.py's groups of flags (GROUPS, ALIASES, and the flags in no group), read
     in a fresh process (importing main defines its flags in absl's global registry)."""
     env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
     proc = subprocess.run([_python(), "-c", _DESCRIBE_MAIN], cwd=root, env=env,
@@ -287,7 +287,7 @@ def script_flags(program: str, root: str = REPO_ROOT) -> frozenset[str]:
     names = set(re.findall(r"--([A-Za-z0-9][\w.-]*)", text))
     for name in re.findall(r"--\[no\]([\w.-]+)", text):  # absl booleans
         names |= {name, "no" + name}
-    # A script whose own FlagValues has no --help (tools/export_hf.py): its DEFINE_* calls.
+    # A script whose own FlagValues has no --help (paxloom/tools/export_hf.py): its DEFINE_* calls.
     if program.startswith("-m "):
         module = program.split()[1].replace(".", os.sep)
         source = os.path.join(root, module + ".py")

@@ -5,11 +5,11 @@ import jax
 import numpy as np
 from praxis import pax_fiddle
 
-from launch import record
-from runner.cluster import mesh as mesh_lib
-from runner.state import checkpoints
-from runner.state.train_state import as_model_batch, praxis_context
-from runner.training.trainer import Trainer
+from paxloom.launch import record
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.state import checkpoints
+from paxloom.runner.state.train_state import as_model_batch, praxis_context
+from paxloom.runner.training.trainer import Trainer
 
 # Parameters are drawn at this scale, far from the init's norm scales of 1 and biases of 0
 # (so a wrong scale convention or a misplaced bias changes outputs well beyond tolerances),
@@ -106,7 +106,7 @@ def assert_greedy_continuations_equal_transformers(hf_model, arch, mesh, like, p
     parameters (their shardings), `params`: the imported ones on `mesh`."""
     import torch
 
-    from runner.inference.generate import SamplingOptions, make_generate
+    from paxloom.runner.inference.generate import SamplingOptions, make_generate
 
     prompt_len = max(len(p) for p in prompts)
     tokens = np.zeros((len(prompts), prompt_len), np.int32)

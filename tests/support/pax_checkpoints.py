@@ -1,6 +1,6 @@
 """Pax checkpoints on disk, written the way paxml 1.4.0 writes them (paxml/checkpoints.py with
 CheckpointType.GDA, checkpoint_managers.py, checkpoint_metadata.py; orbax-checkpoint 0.5.9
-and tensorstore underneath), for tests of runner/state/pax_format.py. paxml cannot be
+and tensorstore underneath), for tests of paxloom/runner/state/pax_format.py. paxml cannot be
 installed next to Paxloom (it pins lingvo 0.12.7 and tensorflow 2.9, which have no wheels for
 this Python, and jax 0.4.26), so the files are written here with tensorstore. In a separate
 environment (paxml 1.4.0 without its dependencies, on its pinned jax, orbax and tensorstore)

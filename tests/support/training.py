@@ -4,8 +4,8 @@ import jax
 from praxis import pax_fiddle
 
 import experiments
-from runner.cluster import mesh as mesh_lib
-from runner.training.trainer import Trainer
+from paxloom.runner.cluster import mesh as mesh_lib
+from paxloom.runner.training.trainer import Trainer
 from tests.support.tiny import TINY
 
 

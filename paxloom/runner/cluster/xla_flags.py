@@ -1,0 +1,55 @@
+"""XLA_FLAGS from the Pax GPU scripts that today's XLA no longer knows.
+
+XLA aborts the whole process (a C++ fatal error, no Python traceback) on an unknown
+flag in XLA_FLAGS, and paxml's run_*.sh scripts export several flags that were
+deleted since. Dropping exactly those, with one note, lets the scripts run as they
+are; any other unknown flag still reaches XLA and fails there, as it should.
+"""
+
+import os
+
+from paxloom.core.errors import UserError
+
+# Flag name -> what replaced it. Sources: openxla/xla#11422 (April 2024) deleted the
+# async-collective switches (async collectives are the default); command buffers
+# replaced CUDA graph levels; the others were removed when their passes became
+# unconditional or were deleted.
+RETIRED = {
+    "--xla_gpu_enable_async_all_gather": "on by default",
+    "--xla_gpu_enable_async_reduce_scatter": "on by default",
+    "--xla_gpu_enable_async_all_reduce": "on by default",
+    "--xla_gpu_simplify_all_fp_conversions": "always done",
+    "--xla_gpu_enable_triton_softmax_fusion": "removed",
+    "--xla_gpu_graph_level": "use --xla_gpu_enable_command_buffer",
+}
+
+
+def drop_retired(environ=os.environ) -> list[str]:
+    """Remove retired flags from environ["XLA_FLAGS"]; return the ones removed."""
+    flags = environ.get("XLA_FLAGS", "").split()
+    kept, dropped = [], []
+    for flag in flags:
+        (dropped if flag.partition("=")[0] in RETIRED else kept).append(flag)
+    if dropped:
+        environ["XLA_FLAGS"] = " ".join(kept)
+    return dropped
+
+
+def note(dropped: list[str]) -> str:
+    names = ", ".join(f"{f.partition('=')[0]} ({RETIRED[f.partition('=')[0]]})" for f in dropped)
+    return f"note: ignoring XLA_FLAGS that this XLA no longer has: {names}"
+
+
+def check_host_device_count(environ=os.environ) -> None:
+    """--xla_force_host_platform_device_count below 1 makes jax fail to start its CPU
+    backend with a traceback: a one-line UserError names it first."""
+    for flag in environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name == "--xla_force_host_platform_device_count":
+            try:
+                count = int(value)
+            except ValueError:
+                count = 0
+            if count < 1:
+                raise UserError(f"XLA_FLAGS has {flag}: the number of CPU devices must be at "
+                                f"least 1, e.g. --xla_force_host_platform_device_count=8")
