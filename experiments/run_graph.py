@@ -79,6 +79,9 @@ def build_run_config(exp, data_dir: str | None = None, vocab_path: str | None = 
                                seq_len=exp.MAX_SEQ_LEN, vocab_size=exp.VOCAB_SIZE,
                                expert_share=(exp.NUM_EXPERTS_PER_TOKEN / exp.NUM_EXPERTS
                                              if exp.NUM_EXPERTS else 1.0),
+                               num_experts=exp.NUM_EXPERTS,
+                               expert_axis=(None if "EXPERT_AXIS" in exp.unused_hyperparameters()
+                                            else exp.EXPERT_AXIS),
                                max_segments=exp.MAX_SEGMENTS_PER_SEQ),
         make_train_input=exp.train_dataset(settings),
         evals=exp.evaluations(settings),

@@ -159,3 +159,28 @@ def test_export_of_a_directory_that_is_not_a_run_is_one_line_and_exit_2(tmp_path
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == (f"error: --job_log_dir={tmp_path} has no hyperparameters.json: "
                                   f"not a training run's directory")
+
+
+def test_byte_fallback_pieces_decode_as_documented(tmp_path, tmp_path_factory):
+    """The exported tokenizer.json decodes bytes that form valid UTF-8 as SentencePiece does;
+    bytes that do not are replaced differently (docs/guides/decode-export.md): SentencePiece
+    replaces the invalid byte and keeps the valid one after it, Hugging Face's ByteFallback
+    decoder replaces every byte of the run."""
+    import sentencepiece as spm
+
+    from paxloom.tools import hf_tokenizer
+
+    vocab = tiny_vocab_path(tmp_path_factory)
+    hf_tokenizer.write(vocab, tmp_path, model_max_length=64)
+    sp = spm.SentencePieceProcessor(model_file=str(vocab))
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+
+    def byte_ids(*values):
+        return [sp.piece_to_id(f"<0x{value:02X}>") for value in values]
+
+    must = sp.encode("must")
+    valid = must + byte_ids(*"é".encode())  # two bytes of one character
+    assert sp.decode(valid) == hf.decode(valid) == "musté"
+    invalid = must + byte_ids(0xE2, ord("B"))  # a lead byte without its continuation
+    assert sp.decode(invalid) == "must\ufffdB"
+    assert hf.decode(invalid) == "must\ufffd\ufffd"

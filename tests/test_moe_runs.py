@@ -167,6 +167,10 @@ def test_the_step_line_and_the_summaries_show_the_moe_metrics(moe_job):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     job_dir, console = moe_job
+    # The start line says where the experts are: split over the 8-way data axis.
+    assert re.search(rf"^training MixtralTiny: .*, {MOE['NUM_EXPERTS']} experts over mesh axis "
+                     rf"'data' \({MOE['NUM_EXPERTS'] // 8} per device\), steps 0 -> 4$",
+                     console, re.M), console[:2000]
     lines = re.findall(r"^step +\d+ \| loss .*$", console, re.M)
     assert len(lines) == JOB["MAX_STEPS"], console
     for line in lines:

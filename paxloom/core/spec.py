@@ -77,6 +77,11 @@ class ModelShape:
     # The share of each expert's weights one token uses (experts per token / experts) in a
     # mixture of experts, for FLOPs per token; 1.0 for a dense model.
     expert_share: float = 1.0
+    # A mixture of experts: how many experts each MoE layer has (0: dense), and the mesh axis
+    # they are split over ("none": every device holds all of them; None: placed by praxis's
+    # GShard layers, as GLaM's are), for the start line.
+    num_experts: int = 0
+    expert_axis: str | None = None
     # MAX_SEQ_LEN's twin for segments: the most a batch row may hold (MAX_SEGMENTS_PER_SEQ);
     # rows with more are refused before they reach the devices. 0: unchecked.
     max_segments: int = 0

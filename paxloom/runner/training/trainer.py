@@ -261,6 +261,19 @@ class Trainer:
             global_batch_size=self.global_batch_size, process_rows=self.process_rows
         )
 
+    def experts_placed(self) -> str:
+        """The start line's note of where a mixture's experts are: ", 8 experts over mesh
+        axis 'data' (1 per device)"; empty for a dense model."""
+        experts, axis = self.run.model_shape.num_experts, self.run.model_shape.expert_axis
+        if not experts:
+            return ""
+        if axis is None:
+            return f", {experts} experts placed by praxis's GShard layers"
+        if axis == "none":
+            return f", {experts} experts on every device (EXPERT_AXIS='none')"
+        ways = self.mesh.shape[axis]
+        return f", {experts} experts over mesh axis '{axis}' ({experts // ways} per device)"
+
     def train(self, state=None, input_state: dict | None = None, callbacks=()):
         """Train from `state` (default: freshly initialised) to MAX_STEPS, calling
         `callbacks` at each point of the loop (paxloom/core/callbacks.py); returns the final
@@ -278,8 +291,8 @@ class Trainer:
         log(
             f"training {self.run.name}: {self.num_params:,} parameters, mesh "
             f"{dict(self.mesh.shape)}, global batch {self.global_batch_size} x "
-            f"{self.run.model_shape.seq_len} tokens{sub_batches}, steps {step} -> "
-            f"{loop.max_steps}"
+            f"{self.run.model_shape.seq_len} tokens{sub_batches}{self.experts_placed()}, "
+            f"steps {step} -> {loop.max_steps}"
         )
         if self.run.pipeline is not None:
             pipe = self.run.pipeline
