@@ -1,7 +1,7 @@
 """The evaluation sets experiments name in their Fiddle graph (core.spec.Evaluation).
 
 A user adds an evaluation the same way, in their own module: subclass
-`core.spec.Evaluation`, give it `metrics` (and, if it needs other per-example
+`paxloom.core.spec.Evaluation`, give it `metrics` (and, if it needs other per-example
 arrays, `batch_outputs`), and put it in the experiment's `evals`.
 """
 

@@ -3,6 +3,8 @@
 import configparser
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -125,7 +127,7 @@ def test_a_flag_without_a_group_is_found_and_still_listed():
     paxloom/launch/flags.py and left out of GROUPS is reported, and --help lists it under Other."""
     out = run_python("-c", "\n".join([
         "from absl import flags",
-        "from launch import flags as launch_flags",
+        "from paxloom.launch import flags as launch_flags",
         "assert launch_flags.ungrouped() == [], launch_flags.ungrouped()",
         "flags.DEFINE_integer('new_flag', 3, 'Something new. More.', module_name='paxloom.launch.flags')",
         "print(launch_flags.ungrouped())",
@@ -144,6 +146,35 @@ def test_absl_logging_flags_and_pax_config_names_of_the_pax_scripts_are_accepted
     assert out.stdout.startswith("# experiments.gpt.GPT5B\n")
     assert ("note: --fdl_config=paxml.contrib.gpu.scripts_gpu.configs.GPT5B runs Paxloom's "
             "experiments.GPT5B") in out.stderr
+
+
+def orbax_info_lines(stderr: str) -> list[str]:
+    """absl's INFO lines (`I1127 22:19:27.361772 1405 checkpoint_manager.py:557] ...`) that
+    name a module of orbax."""
+    import orbax.checkpoint
+
+    modules = {path.name for path in Path(orbax.checkpoint.__file__).parent.rglob("*.py")}
+    return [line for line in stderr.splitlines()
+            if (found := re.match(r"I\d{4} [\d:.]+ +\d+ (\w+\.py):\d+\] ", line))
+            and found[1] in modules]
+
+
+@pytest.mark.process
+def test_alsologtostderr_leaves_orbax_info_lines_out_unless_verbosity_asks(tmp_path):
+    """Pax's scripts pass --alsologtostderr, which shows libraries' INFO lines; orbax's, a
+    dozen for each checkpoint saved or read, stay out of them. An explicit --verbosity=0
+    shows them too."""
+    job = tmp_path / "job"
+    run = ("--fdl_config=experiments.Tiny", "--fdl.SUMMARY_INTERVAL_STEPS=1",
+           "--fdl.EVAL_INTERVAL_STEPS=0", f"--job_log_dir={job}", "--alsologtostderr")
+    quiet = run_main(*run, "--fdl.MAX_STEPS=2")
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert f"checkpoint {job}/checkpoints/2 complete" in quiet.stdout
+    assert not orbax_info_lines(quiet.stderr), quiet.stderr[-3000:]
+    # Asked for: the same run continued (a restore and a save), every INFO line shown.
+    asked = run_main(*run, "--fdl.MAX_STEPS=3", "--verbosity=0")
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert len(orbax_info_lines(asked.stderr)) > 5, asked.stderr[-3000:]
 
 
 @pytest.mark.process
