@@ -64,6 +64,16 @@ TARGETS = {
     "a100-40gb": GpuTarget("NVIDIA A100-SXM4-40GB", memory_bandwidth=1.555e12, **_AMPERE),
 }
 
+# Other names --plan_device accepts, and the key each stands for: "a100" is the part Pax's
+# published A100 figures ran on (DGX A100 80GB nodes, its GPU README).
+ALIASES = {"a100": "a100-80gb"}
+
+
+def canonical(key: str) -> str:
+    """The TARGETS key `key` names (itself, or the key of an alias); unknown keys unchanged,
+    for the caller to refuse."""
+    return ALIASES.get(key, key)
+
 
 def target_config(target: GpuTarget, memory_bytes: int) -> str:
     """The GpuTargetConfigProto text XLA:GPU compiles for."""

@@ -1,7 +1,8 @@
 """What a compiled SPMD program does, read from its HLO text (`compiled.as_text()`).
 
-Two readings for the plan (paxloom/runner/planning/plan.py): the bytes its collectives move per mesh axis
-(step_traffic), and the float32 copies of bfloat16 arrays XLA:CPU makes (upcast_copies).
+Three readings for the plan (paxloom/runner/planning/plan.py): the bytes its collectives move per mesh axis
+(step_traffic), the FLOPs of its matmuls (dot_flops), and the float32 copies of bfloat16
+arrays XLA:CPU makes (upcast_copies).
 
 The partitioned program (`compiled.as_text()`) names each collective's devices by their
 index in the mesh's device order (`use_global_device_ids`). A collective's groups vary
@@ -17,8 +18,17 @@ ici and dcn split positions as for any other, so stages within a node send over 
 and stages on different nodes over the network.
 
 An instruction inside a while loop runs once per iteration: a scanned layer stack's
-collectives count NUM_LAYERS times, using the trip count XLA records on the loop
+collectives and matmuls count NUM_LAYERS times, using the trip count XLA records on the loop
 (`known_trip_count`). Branches of a conditional each count as if taken.
+
+Whether a collective can overlap compute is the compiler's to say. XLA:GPU splits every
+collective into a `-start` and a `-done` and runs it on its own stream; where its
+latency-hiding scheduler found nothing to put between the two it marks the pair
+`"is_sync":true` (a tensor-parallel all-reduce whose result the next matmul needs at once),
+and the step waits for it. XLA:CPU schedules nothing asynchronously, so for its programs the
+kind stands in for what XLA:GPU would do: weight gathers and gradient reductions
+(all-gather, reduce-scatter, all-reduce over any axis but mdl) are needed only later,
+tensor-parallel all-reduces, all-to-alls and permutes at once.
 
 XLA:CPU computes many bfloat16 operations in float32 and, where that converts a whole
 array, keeps a float32 copy a GPU would not need; upcast_copies lists those copies so a
@@ -32,8 +42,14 @@ from collections import defaultdict
 
 import numpy as np
 
+from paxloom.core import mesh_axes
+
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _ASYNC = "-start"  # XLA:GPU runs collectives asynchronously: `all-gather-start` ... `-done`
+_SYNC = re.compile(r'"is_sync":true')  # ... unless its scheduler found nothing to overlap
+# For programs without `-start` pairs (XLA:CPU): the mesh axis whose all-reduces are
+# tensor parallelism's, on the critical path (the last of the mesh's axes).
+TENSOR_AXIS = mesh_axes.MESH_AXIS_NAMES[-1]
 
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s"
@@ -56,6 +72,12 @@ class Traffic:
     count: int  # executions per step
     buffer_bytes: float  # per device: the whole (gathered, unreduced) buffer, summed
     sent_bytes: float  # per device: bytes a ring/bidirectional algorithm sends, summed
+    # Devices of one group in one node (node = the position along the DCN factors of the
+    # mesh): a group crossing nodes uses that many NICs at once (links.bandwidth). Equal to
+    # group_size within a node, 1 for a group with one device per node.
+    per_node: int = 1
+    # Whether the step may run on while the collective is in flight (module docstring).
+    asynchronous: bool = False
 
 
 def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
@@ -67,10 +89,13 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
     """
     computations, calls = _parse(hlo_text)
     runs = _executions(computations, calls)
+    scheduled = any(op.endswith(_ASYNC) and op[:-len(_ASYNC)] in OPS
+                    for instructions in computations.values() for _, _, op, _ in instructions)
     totals: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
     for name, instructions in computations.items():
         for _, shape, op, rest in instructions:
-            if op.endswith(_ASYNC) and op[:-len(_ASYNC)] in OPS:  # XLA:GPU's async form
+            started = op.endswith(_ASYNC) and op[:-len(_ASYNC)] in OPS
+            if started:  # XLA:GPU's async form
                 op, shape = op[:-len(_ASYNC)], _async_result(op[:-len(_ASYNC)], shape)
             if op not in OPS or not runs.get(name):
                 continue
@@ -80,26 +105,44 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
                 moving = [(s, t) for s, t in pairs if s != t]
                 if not moving:
                     continue
-                axes, links = _axes_of([list(p) for p in moving], mesh_shape, ici_shape,
-                                       dcn_shape)
+                axes, links, per_node = _axes_of([list(p) for p in moving], mesh_shape,
+                                                 ici_shape, dcn_shape)
                 group, buffer, sent = 2, nbytes, nbytes
             else:
                 groups = _replica_groups(rest, math.prod(mesh_shape.values()))
                 if not groups:  # a form this parser does not know: bytes, but no axes
                     axes, links, group, buffer, sent = (), "?", 0, nbytes, nbytes
+                    per_node = 1
                 elif len(groups[0]) == 1:
                     continue  # a no-op over one device
                 else:
-                    axes, links = _axes_of(groups, mesh_shape, ici_shape, dcn_shape)
+                    axes, links, per_node = _axes_of(groups, mesh_shape, ici_shape, dcn_shape)
                     group = len(groups[0])
                     buffer, sent = _ring_bytes(op, nbytes, group)
-            key = (op, axes, links, group)
+            if scheduled:
+                asynchronous = started and not _SYNC.search(rest)
+            else:
+                asynchronous = _overlaps_by_kind(op, axes)
+            key = (op, axes, links, group, per_node, asynchronous)
             totals[key][0] += runs[name]
             totals[key][1] += runs[name] * buffer
             totals[key][2] += runs[name] * sent
-    return sorted((Traffic(op, axes, links, group, count, buffer, sent)
-                   for (op, axes, links, group), (count, buffer, sent) in totals.items()),
+    return sorted((Traffic(op, axes, links, group, count, buffer, sent, per_node, asynchronous)
+                   for (op, axes, links, group, per_node, asynchronous), (count, buffer, sent)
+                   in totals.items()),
                   key=lambda t: -t.sent_bytes)
+
+
+def _overlaps_by_kind(op: str, axes: tuple[str, ...]) -> bool:
+    """For a program without async pairs (XLA:CPU): whether XLA:GPU would overlap a
+    collective of this kind with compute. Gathered weights and reduced gradients are
+    needed a layer later or at the update; a tensor-parallel all-reduce's result feeds the
+    next matmul. Groups not read (no axes) count as synchronous: nothing is assumed hidden."""
+    if op in ("all-gather", "reduce-scatter"):
+        return bool(axes)
+    if op == "all-reduce":
+        return bool(axes) and TENSOR_AXIS not in axes
+    return False  # all-to-all, collective-permute
 
 
 def _async_result(op: str, shape: str) -> str:
@@ -293,9 +336,12 @@ def _mesh_groups(axes_text: str, device_ids: str | None, grouped_text: str
 
 
 def _axes_of(groups, mesh_shape: dict[str, int], ici_shape, dcn_shape):
-    """(mesh axes the groups vary along, which links that crosses)."""
+    """(mesh axes the groups vary along, which links that crosses, devices of a group in
+    one node). A device's node is its position along the DCN factors of every axis
+    (coordinate // ICI factor); where groups differ, the fewest devices per node count."""
     names = list(mesh_shape)
-    axes, links = set(), set()
+    ici = np.asarray(ici_shape)[:, None]
+    axes, links, per_node = set(), set(), None
     for group in groups:
         coords = np.array(np.unravel_index(np.asarray(group), list(mesh_shape.values())))
         for i, name in enumerate(names):
@@ -307,5 +353,59 @@ def _axes_of(groups, mesh_shape: dict[str, int], ici_shape, dcn_shape):
                 links.add("ICI")
             if len(set(along // ici_shape[i])) > 1:
                 links.add("DCN")
+        nodes = len({tuple(node) for node in (coords // ici).T})
+        per_node = min(per_node or len(group), len(group) // nodes)
     link = "+".join(k for k in ("ICI", "DCN") if k in links)
-    return tuple(n for n in names if n in axes), link
+    return tuple(n for n in names if n in axes), link, per_node or 1
+
+
+def dot_flops(hlo_text: str) -> float:
+    """Per device, the FLOPs of the program's matmuls in one execution (one train step):
+    2 x the result's elements x the contracted elements of each, loop trips counted.
+
+    Dots sit mostly inside fusions, their operands the fusion's parameters, whose shapes
+    are on the fused computation's own lines. cuBLAS calls (`__cublas$gemm`, in programs
+    compiled after GEMM rewriting) carry their contracting dimensions in the backend config.
+    Counts the dots XLA runs, recomputation included: the hardware FLOPs, not the model's."""
+    computations, calls = _parse(hlo_text)
+    runs = _executions(computations, calls)
+    total = 0.0
+    for name, instructions in computations.items():
+        if not runs.get(name):
+            continue
+        shapes = {instruction: shape for instruction, shape, _, _ in instructions}
+        for _, shape, op, rest in instructions:
+            if op == "dot":
+                contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+            elif op == "custom-call" and _GEMM.search(rest):
+                contracting = _GEMM_CONTRACTING.search(rest)
+            else:
+                continue
+            lhs = _operand_dims(rest, shapes)
+            result = _ARRAY.search(shape)  # a gemm returns (result, workspace): the first
+            if lhs is None or result is None:
+                continue
+            dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
+            contracted = math.prod(lhs[d] for d in dims)
+            total += runs[name] * 2.0 * _elements(result.group(2)) * contracted
+    return total
+
+
+_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def _operand_dims(rest: str, shapes: dict[str, str]) -> list[int] | None:
+    """The dimensions of an instruction's first operand: printed inline (`f32[2,3]{1,0}
+    %a`) or looked up by name among its computation's instructions and parameters."""
+    inline = _ARRAY.search(rest.split("%", 1)[0])
+    if inline is None:
+        name = re.match(r"\s*%?([\w.\-]+)", rest)
+        inline = _ARRAY.search(shapes.get(name.group(1), "")) if name else None
+    if inline is None:
+        return None
+    return [int(d) for d in inline.group(2).split(",") if d]
+
+
+def _elements(dims: str) -> int:
+    return math.prod(int(d) for d in dims.split(",") if d)

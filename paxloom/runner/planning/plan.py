@@ -35,7 +35,7 @@ from paxloom.core.batch import BatchLayout
 from paxloom.core.errors import UserError
 from paxloom.core.target import TargetDevice
 from paxloom.runner.cluster import mesh as mesh_lib
-from paxloom.runner.planning import gpu_target, hlo_text
+from paxloom.runner.planning import gpu_target, hlo_text, links
 from paxloom.runner.training import throughput
 
 GiB = 2**30
@@ -46,20 +46,34 @@ class DeviceKind:
     name: str
     memory_bytes: int  # total, as nvidia-smi reports it
     peak_flops: float  # dense bf16 FLOP/s (paxloom/runner/training/throughput.py's table)
+    gpus_per_node: int  # GPUs sharing one node's NVLink (paxloom/runner/planning/links.py)
+
+
+def _kind(key: str, name: str, memory_mib: int, peak_key: str) -> DeviceKind:
+    return DeviceKind(name, memory_mib * 2**20, throughput.PEAK_FLOPS_BF16[peak_key],
+                      links.INTERCONNECTS[key].gpus_per_node)
 
 
 DEVICE_KINDS = {
-    "h100": DeviceKind("H100 80GB", 81559 * 2**20, throughput.PEAK_FLOPS_BF16["H100"]),
-    "h200": DeviceKind("H200 141GB", 143771 * 2**20, throughput.PEAK_FLOPS_BF16["H200"]),
-    "a100-80gb": DeviceKind("A100 80GB", 81920 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
-    "a100-40gb": DeviceKind("A100 40GB", 40960 * 2**20, throughput.PEAK_FLOPS_BF16["A100"]),
+    "h100": _kind("h100", "H100 80GB", 81559, "H100"),
+    "h200": _kind("h200", "H200 141GB", 143771, "H200"),
+    "a100-80gb": _kind("a100-80gb", "A100 80GB", 81920, "A100"),
+    "a100-40gb": _kind("a100-40gb", "A100 40GB", 40960, "A100"),
 }
+
+
+def device_key(key: str) -> str:
+    """The DEVICE_KINDS key `--plan_device=key` names (aliases resolved: gpu_target.ALIASES)."""
+    resolved = gpu_target.canonical(key)
+    if resolved not in DEVICE_KINDS:
+        raise UserError(f"--plan_device={key}: one of {', '.join(DEVICE_KINDS)} "
+                        f"(or {', '.join(gpu_target.ALIASES)})")
+    return resolved
 
 
 def target_device(key: str) -> TargetDevice:
     """The GPU `--plan_device=key` names, as the config builder targets it."""
-    if key not in DEVICE_KINDS:
-        raise UserError(f"--plan_device={key}: one of {', '.join(DEVICE_KINDS)}")
+    key = device_key(key)
     return TargetDevice(platform="gpu", kind=DEVICE_KINDS[key].name.split()[0],
                         compute_capability=gpu_target.TARGETS[key].compute_capability,
                         planned=True)
@@ -166,6 +180,14 @@ class Plan:
     compiled: object = dataclasses.field(repr=False)  # the jax Compiled step (HLO, analyses)
     num_layers: int = 0
     pipeline: spec.PipelineSpec | None = None  # None: one stage
+    # Per device per step, the FLOPs of the compiled program's matmuls (hlo_text.dot_flops:
+    # recomputation included); 0.0 where not read.
+    dot_flops: float = 0.0
+
+    def portable(self) -> "Plan":
+        """This plan without the jax Compiled object (which does not pickle): what crosses
+        processes and goes into a cache. Everything read from the program stays."""
+        return dataclasses.replace(self, compiled=None)
 
     @property
     def compiler_name(self) -> str:
@@ -254,6 +276,7 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
     and re-plans; the plan itself reads only the graph."""
     from paxloom.runner.training.trainer import Trainer
 
+    device = device_key(device)
     config = copy.deepcopy(config)
     ici, dcn = list(config.mesh.ici_mesh_shape), list(config.mesh.dcn_mesh_shape)
     if compiler == "gpu":
@@ -313,7 +336,8 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
         flops_per_token=trainer.flops_per_token, memory=memory, traffic=traffic,
         upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
         compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
-        num_layers=run.model_shape.num_layers, pipeline=run.pipeline)
+        num_layers=run.model_shape.num_layers, pipeline=run.pipeline,
+        dot_flops=hlo_text.dot_flops(program))
 
 
 def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.ModelShape,
