@@ -364,6 +364,31 @@ class LLaMA70B(LLaMA7B):
     DCN_MESH_SHAPE = [1, 2, 1]
 
 
+@register
+class LLaMABoolQTiny(LLaMA7B):
+    """Pax's LLaMA7B recipe with a 2 x 64 model in float32, for paxml's run_llama_boolq.sh
+    on a CPU (CONFIG=LLaMABoolQTiny): BoolQ and the 1024-piece vocabulary of `python -m
+    tasks.sample_corpus --boolq_dir=DIR` (docs/guides/trained-weights.md, "BoolQ on a CPU").
+    The script passes its own steps, batch, length and meshes.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 VOCAB_PATH=DIR/boolq_spm.model python main.py --fdl_config=experiments.LLaMABoolQTiny --tfds_data_dir=DIR --job_log_dir=runs/llama-boolq-tiny
+    """
+
+    NUM_LAYERS = 2
+    VOCAB_SIZE = 1024  # tasks/sample_corpus.py's BoolQ vocabulary
+    DIMS_PER_HEAD = 8
+    NUM_HEADS = 8
+    NUM_KV_HEADS = 8
+    MODEL_DIMS = 64
+    HIDDEN_DIMS = 256
+    FPROP_DTYPE = "float32"  # bfloat16 matmuls are slow on CPUs
+    PERCORE_BATCH_SIZE = 1
+    MAX_SEQ_LEN = 256  # the sample's rows fit
+    MAX_STEPS = 20
+    SUMMARY_INTERVAL_STEPS = 10
+    EVAL_INTERVAL_STEPS = 0  # the script evaluates the last checkpoint with --mode=eval
+
+
 # ----- Mixtures of experts (layers/moe.py) ---------------------------------------------------
 
 

@@ -59,8 +59,11 @@ def _adapter_variables(layer, in_dims: int, out_dims: int,
     w_init = layer._weight_hparams["w"].init
 
     def variable(dims, init):
-        return base_layer.WeightHParams(shape=[*leading, dims, layer.rank], init=init,
-                                        mesh_shape=layer.mesh_shape)
+        # Replicated, said outright: left unset, praxis sets it and logs an INFO line per
+        # variable and trace, a hundred lines under --alsologtostderr.
+        shape = [*leading, dims, layer.rank]
+        return base_layer.WeightHParams(shape=shape, init=init, mesh_shape=layer.mesh_shape,
+                                        tensor_split_dims_mapping=(-1,) * len(shape))
 
     layer.create_variable("lora_a", variable(in_dims, layer.lora_init or w_init))
     layer.create_variable("lora_b", variable(out_dims, base_layer.WeightInit.Constant(0.0)))

@@ -158,6 +158,49 @@ def read_records(path) -> Iterator[bytes]:
             yield data
 
 
+def write_records(path, records) -> None:
+    """A TFRecord file of `records` (bytes), as TensorFlow's TFRecordWriter writes it
+    (read_records' framing), written under a temporary name and then renamed."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for data in records:
+            length = struct.pack("<Q", len(data))
+            f.write(length + struct.pack("<I", masked_crc32c(length)) + data
+                    + struct.pack("<I", masked_crc32c(data)))
+    os.replace(tmp, path)
+
+
+def _encode_varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # a negative int64 is its two's complement, ten bytes
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def serialize_example(features: dict[str, list[bytes] | list[int]]) -> bytes:
+    """A tf.train.Example of {name: a list of bytes (BytesList) or of ints (Int64List,
+    packed)}, in the wire format parse_example reads and TensorFlow writes."""
+    entries = b""
+    for name, values in features.items():
+        if all(isinstance(value, bytes) for value in values):
+            value_list = b"".join(_length_delimited(1, value) for value in values)
+            feature = _length_delimited(1, value_list)  # Feature.bytes_list
+        else:
+            packed = b"".join(_encode_varint(int(value)) for value in values)
+            feature = _length_delimited(3, _length_delimited(1, packed))  # int64_list
+        entry = _length_delimited(1, name.encode("utf-8")) + _length_delimited(2, feature)
+        entries += _length_delimited(1, entry)  # Features.feature, a map entry
+    return _length_delimited(1, entries)  # Example.features
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:

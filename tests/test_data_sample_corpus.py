@@ -1,12 +1,15 @@
-"""The embedded sample corpus: real layout, readable by every reader, deterministic, atomic."""
+"""The embedded sample corpus: real layout, readable by every reader, deterministic, atomic;
+and the BoolQ sample made from the same text."""
 
 import numpy as np
 
-from tasks import layout
+import experiments
+from tasks import boolq, layout
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
 from tasks.lambada import lambada_batches, read_lambada
-from tasks.sample_corpus import VOCAB_SIZE, ensure_sample_data
+from tasks.sample_corpus import BOOLQ_EXAMPLES, VOCAB_SIZE, ensure_sample_data, write_boolq_sample
 from tasks.text_formats import iter_documents
+from tasks.tokenizer import load_tokenizer
 from tasks.vocab import check_vocab_size, load_vocabulary
 
 
@@ -53,3 +56,26 @@ def test_sample_corpus_feeds_the_pipelines(tmp_path):
     batch = next(lambada_batches(read_lambada(layout.lambada_files(data_dir)[0]), vocab, 128, 8))
     assert (batch["weights"].sum(axis=1) > 0).all()
     assert np.all(batch["weights"] <= 1 - batch["paddings"])
+
+
+def test_boolq_sample_is_tfds_boolq_with_single_token_answers(tmp_path):
+    """Pax's BoolQ in TFDS's layout, the same bytes every time, each answer right about its
+    passage, and a vocabulary of LLaMABoolQTiny's size in which the answers are one token."""
+    out, vocab_path, (yes_id, no_id) = write_boolq_sample(tmp_path / "a")
+    write_boolq_sample(tmp_path / "b")
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    dev_path = boolq.boolq_file(out, "dev")
+    assert dev_path.endswith("super_glue/boolq/1.0.2/super_glue-validation.tfrecord")
+    train, dev = boolq.read_boolq(boolq.boolq_file(out, "train")), boolq.read_boolq(dev_path)
+    assert (len(train), len(dev)) == (BOOLQ_EXAMPLES["train"], BOOLQ_EXAMPLES["validation"])
+    assert [e.line for e in dev] == list(range(1, len(dev) + 1))
+    assert not {e.passage for e in train} & {e.passage for e in dev}  # held-out documents
+    for example in train + dev:
+        word = example.question.removeprefix("does the passage mention ")
+        assert (word in example.passage.lower().split()) == example.answer, example
+    assert 0.4 < np.mean([e.answer for e in train]) < 0.6
+
+    tokenizer = load_tokenizer(vocab_path)
+    assert tokenizer.vocab_size == experiments.resolve("experiments.LLaMABoolQTiny").VOCAB_SIZE
+    assert boolq.answer_token_ids(tokenizer) == (yes_id, no_id)
+    assert [tokenizer.decode([yes_id]), tokenizer.decode([no_id])] == ["yes", "no"]

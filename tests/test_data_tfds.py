@@ -37,6 +37,27 @@ def test_tfds_layout_is_found_and_read_exactly(tfds_data, tmp_path):
     assert from_tfds[0].target == " harbor"
 
 
+def test_records_written_without_tensorflow_are_tensorflows(tmp_path):
+    """tfds.write_records and serialize_example (the BoolQ sample's writer): the file
+    TensorFlow's TFRecordWriter writes, examples TensorFlow parses, and read back here."""
+    import tensorflow as tf
+
+    features = {"question": ["naïve?".encode()], "passage": [b"", b"two"],
+                "idx": [0, 2**40], "label": [-1]}
+    records = [tfds.serialize_example(features), b""]
+    ours, theirs = tmp_path / "ours.tfrecord", tmp_path / "theirs.tfrecord"
+    tfds.write_records(ours, records)
+    with tf.io.TFRecordWriter(str(theirs)) as writer:
+        for record in records:
+            writer.write(record)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert list(tfds.read_records(ours)) == records
+    example = tf.train.Example.FromString(records[0])
+    assert {name: list(feature.bytes_list.value or feature.int64_list.value)
+            for name, feature in example.features.feature.items()} == features
+    assert tfds.parse_example(records[0]) == features
+
+
 def test_corrupt_shard_and_missing_tensorflow_are_one_line_errors(tfds_data, tmp_path,
                                                                   monkeypatch):
     data_dir, *_ = tfds_data

@@ -6,6 +6,8 @@ The script passes no flags of the caller's, so the tiny model's --fdl. overrides
 `python3` first on PATH that appends them to main.py's command line; it also makes `import
 tensorflow` fail, as on GPU machines that have none. The rest is the script's own variables.
 EVAL_ONLY=1 evaluates a Pax job directory too (a converted LLaMA's, as Pax users pass it).
+The docs' "BoolQ on a CPU" runs it with nothing of the tests': experiments.LLaMABoolQTiny, and
+the BoolQ sample and vocabulary of `python -m tasks.sample_corpus --boolq_dir=DIR`.
 """
 
 import json
@@ -20,6 +22,7 @@ import pytest
 import experiments
 from paxloom.core.errors import UserError
 from tasks import boolq
+from tests.support import docs_examples
 from tests.support.data import make_docs, write_tfds_boolq, write_tfrecord
 from tests.support.paths import REPO_ROOT
 from tests.support.pax_checkpoints import write_pax_checkpoint
@@ -224,3 +227,24 @@ def test_full_then_lora_from_the_restore_path_then_eval_only(pax_boolq, tmp_path
         eval_only
     assert EVAL_LINE.search(eval_only)[0] == EVAL_LINE.search(lora)[0]  # the same checkpoint
 
+
+@pytest.mark.process
+@pytest.mark.slow  # the docs' commands: the sample, then two main.py runs; 35-55 s on 2 cores
+def test_the_docs_boolq_on_a_cpu_runs_as_written(tmp_path):
+    """docs/guides/trained-weights.md's "BoolQ on a CPU", from a copy of the clone, as
+    tests/test_docs.py runs the page's examples; and what the page says it prints: the
+    answers' tokens, BoolQ's accuracy over the 100 validation examples, no library INFO
+    lines (orbax's, praxis's) among them."""
+    (block,) = [b for b in docs_examples.all_blocks()[0]
+                if b.path == "docs/guides/trained-weights.md" and b.mark is None
+                and "run_llama_boolq.sh" in b.text]
+    clone = docs_examples.copy_repository(str(tmp_path / "clone"))
+    out = docs_examples.run_block(block, clone, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert re.search(r"the answers 'yes' and 'no' are the single tokens \d+ and \d+", out.stdout)
+    evaluation = EVAL_LINE.search(out.stdout)
+    assert evaluation and evaluation[0].endswith("num_examples 100"), out.stdout[-3000:]
+    info = re.findall(r"^I\d{4} [\d:.]+ +\d+ \w+\.py:\d+\] .*", out.stdout + out.stderr, re.M)
+    assert not info, "\n".join(info[:20])
+    job = tmp_path / "clone" / "runs" / "llama-cpu" / "llama-LLaMABoolQTiny-mbs-2-te-0-lora-1"
+    assert len((job / "boolq_predictions.jsonl").read_text().splitlines()) == 100

@@ -69,8 +69,8 @@ def test_singlenode_pile_then_lambada_scripts(pax_data, tmp_path):
     out, err = job.stdout(0), job.stderr(0)
     assert "step      4 | loss" in out and "eval lambada | accuracy" in out
     assert "note: ignoring XLA_FLAGS that this XLA no longer has" in err
-    # --alsologtostderr: the libraries' Python INFO logs (orbax's, jax's) through absl's
-    # handler, as in Pax (C++ INFO lines, "I0000 ...", print without any flag).
+    # --alsologtostderr: the libraries' Python INFO logs through absl's handler, as in Pax,
+    # but orbax's (tests/test_main_cli.py); C++ INFO lines, "I0000 ...", print without any flag.
     assert re.search(r"^I\d{4} [\d:.]+ +\d+ \w+\.py:\d+\] ", err, re.M), err[-3000:]
     assert f"note: --fdl_config={CONFIGS}.Pile126M runs Paxloom's experiments.Pile126M" in err
 

@@ -39,7 +39,7 @@ _PREFIXES = ("do", "then", "else", "elif", "if", "while", "until", "!", "env", "
              "nohup")
 _SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "{", "}", ";;", "|&"}
 # Scripts whose flags are checked: a path under these folders, or `-m` of a module in them.
-_SCRIPT_PACKAGES = ("tools", "bench", "tasks", "scripts_gpu", "runner")
+_SCRIPT_PACKAGES = ("paxloom", "bench", "tasks", "scripts_gpu")
 # absl's own flags that app.run defines when main.py starts (not at import).
 _ABSL_APP_FLAGS = ("help", "helpfull", "helpshort", "helpxml", "flagfile", "undefok")
 
