@@ -10,28 +10,28 @@
 #
 # The first run (`bash bench/gpu_check.sh`, 540 s), in this order:
 #   install     the carried wheels; jax, jaxlib, cuDNN and driver versions, the device
+#   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 against
+#               its PyTorch peer, then Llama1B, both with ATTENTION_IMPL=auto (tokens/s,
+#               MFU, peak memory)
 #   candidates  paths the measured table (layers/gpu_measurements.json) lacks, a few steps
-#               each on GPT126M at batch 8: cuDNN's packed attention at
-#               MAX_SEGMENTS_PER_SEQ=8 and 16, then cuDNN on unpacked rows (its plain
-#               causal call)
-#   layouts     the single-device choices the planner's search ranks, measured to check
-#               its estimate: GPT126M (Synthetic126M) at batch 4, 8 and 16, then Llama1B at
-#               batch 8 with each rematerialisation policy (save_nothing, none, and its own
-#               save_dot_with_no_batch_dims), all with ATTENTION_IMPL=auto
+#               each: the grouped-query Llama1B with cuDNN's packed attention at
+#               MAX_SEGMENTS_PER_SEQ=8 and 16 (GPT126M's were measured at 8, 16 and 32)
+#   fp8         FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
 # The second run, right after on the warm machine (`bash bench/gpu_check.sh --parts
-# tests`, 225 s, at most 4 minutes with its start):
+# tests`, 225 s, at most 4 minutes with its start; give it --budget tests=320 when the
+# first run left more than 5 minutes of device time):
 #   tests       the tests that only run on a GPU, each test's name and outcome as it
 #               finishes, each failure's reason in one line, a JUnit XML report
 #               ($OUT/tests.xml); 30 s per test and a session limit (pytest-timeout) that
 #               stops it in time to write its summary
 # Only when named, in a later session (each needs `install` first on a fresh machine):
-#   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 against
-#               its PyTorch peer, then Llama1B, both with ATTENTION_IMPL=auto (tokens/s,
-#               MFU, peak memory)
+#   layouts     the single-device choices the planner's search ranks, measured to check
+#               its estimate: GPT126M (Synthetic126M) at batch 4, 8 and 16, then Llama1B at
+#               batch 8 with each rematerialisation policy (save_nothing, none, and its own
+#               save_dot_with_no_batch_dims), all with ATTENTION_IMPL=auto
 #   moe         mixtures of experts on one GPU: Qwen3-30B-A3B's shape cut to 4 layers beside
 #               the dense Llama with a token's parameters, the same by tokamax (refused in one
 #               line where tokamax does not support the jax), then Pax's GLaM126M64E
-#   fp8         FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
 #   default     main.py with nothing chosen on a packed GPT and a grouped-query Llama: a few
 #               dozen steps, a decode from each checkpoint, and a restart (a second process)
 #               that must load its train step from the persistent compilation cache
@@ -57,24 +57,25 @@
 set -uo pipefail  # not -e: a part that fails is recorded and the parts after it still run
 
 PARTS=(install speed candidates layouts tests moe fp8 default more long)  # the order they run in
-FIRST_RUN=(install candidates layouts)  # without --parts
+FIRST_RUN=(install speed candidates fp8)  # without --parts
 SECOND_RUN=(tests)  # --parts tests, right after the first on the warm machine
 # Seconds per part, from what each runs: a gpu_bench call starts jax once to look at the
 # device (~6 s), then a process per row: a jax start (~10 s), the model's state, its train
 # step's compile (GPT126M 30-37 s, Llama1B ~50, GPT1_3B 69 on an H100), a few steps; the
 # PyTorch peer's torch.compile ~40-60 s. speed: 6 + ~60 (torch) + ~50 (GPT126M) + ~70
 # (Llama1B) = ~185 s. candidates: two calls, three GPT126M rows: 2 x 6 + 3 x ~50 = ~160 s.
-# layouts: two calls, three GPT126M rows and three Llama1B rows: 2 x 6 + 3 x ~50 + 3 x ~60
-# = ~340 s (the last row, Llama1B's own policy, is in the table already). tests: 225 s, the
-# second run; on an H200 the GPU tests took more than 145 s, so the session limit may end
-# them (the first tests: tests/test_attention.py, which names every attention path). moe: 6 + ~75
+# candidates: two Llama1B rows, 6 + 2 x ~60 = ~130 s. layouts (242 s on an H200): two calls,
+# three GPT126M rows and three Llama1B rows. tests: 225 s, the second run (285 s on an
+# H200: the session limit may end them; the first tests: tests/test_attention.py, which
+# names every attention path). moe: 6 + ~75
 # (Qwen3A3B_moe) + ~55 (its dense peer) + ~12 (tokamax's refusal) + ~60 (GLaM, the row most
 # likely to be cut) = ~210 s. fp8: 6 + 2 x ~65 (the 5B shape cut to 8 layers, a scanned
-# layer, compiled in bfloat16 then FP8) = ~140 s, so its FP8 row needs what moe leaves.
+# layer, compiled in bfloat16 then FP8, 30 steps each) = ~140 s, and 190 s of budget for
+# the loss steps.
 # default: 5 main.py processes, 75-100 s. more: three rows, ~200 s. long: ~60 s of kernels
 # then two rows of 70-110 s each.
-declare -A BUDGET=([install]=25 [speed]=190 [candidates]=160 [layouts]=355 [tests]=225
-                   [moe]=120 [fp8]=105 [default]=95 [more]=210 [long]=300)
+declare -A BUDGET=([install]=25 [speed]=190 [candidates]=135 [layouts]=355 [tests]=225
+                   [moe]=120 [fp8]=190 [default]=95 [more]=210 [long]=300)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
 SECOND_RUN_S=225  # the second run's budgets: 4 minutes of device time with the transfers
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
@@ -154,17 +155,12 @@ part_speed() {
 }
 
 part_candidates() {
-    local rc=0
-    # Paths the measured table lacks, on GPT126M at batch 8: cuDNN's packed layout at
-    # smaller segment bounds (its kernel and buffers shrink with the bound), then cuDNN on
-    # unpacked rows on this device (the packed rows' cost beside it).
-    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn \
-        --sweep MAX_SEGMENTS_PER_SEQ=8,16 --percore_batch_size 8 "${FEW_STEPS[@]}" \
-        --timeout 90 --json "$out/candidates_cudnn.json" || rc=1
-    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn --unpacked \
-        --percore_batch_size 8 "${FEW_STEPS[@]}" --timeout 90 \
-        --json "$out/candidates_unpacked.json" || rc=1
-    return "$rc"
+    # Paths the measured table lacks: the grouped-query Llama1B (its experiment's batch 8)
+    # with cuDNN's packed layout at smaller segment bounds (its kernel and buffers shrink
+    # with the bound); GPT126M's rows at 8, 16 and 32 are in the table.
+    run candidates.log bench/gpu_bench.py --configs Llama1B --impls cudnn \
+        --sweep MAX_SEGMENTS_PER_SEQ=8,16 "${FEW_STEPS[@]}" --timeout 110 \
+        --json "$out/candidates_llama1b.json"
 }
 
 part_layouts() {

@@ -21,7 +21,7 @@ from layers import measured
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
-FIRST_RUN = ["install", "candidates", "layouts"]  # those a plain run runs
+FIRST_RUN = ["install", "speed", "candidates", "fp8"]  # those a plain run runs
 SECOND_RUN = ["tests"]  # --parts tests on the warm machine
 ALL_PARTS = ["install", "speed", "candidates", "layouts", "tests", "moe", "fp8", "default",
              "more", "long"]  # the order they run in
@@ -96,12 +96,12 @@ def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     assert done.stdout.splitlines()[-len(table):] == table
 
 
-def test_the_first_run_measures_candidates_and_layouts_and_the_second_runs_the_tests():
-    """The first run measures cuDNN's packed layout at the bounds 8 and 16 and its unpacked
-    call, a few steps each, then the layouts the planner ranks (GPT126M's batch, Llama1B's
-    remat policies, ATTENTION_IMPL=auto); the tests part (the second run) stops in time to
-    write its report (pytest's session limit, then SIGINT), each test by name; speed
-    still measures the default path against its PyTorch peer when named."""
+def test_the_first_run_measures_speed_candidates_and_fp8_and_the_second_runs_the_tests():
+    """The first run measures the default path against its PyTorch peer, then the
+    grouped-query Llama1B with cuDNN's packed layout at the bounds 8 and 16, a few steps
+    each, then FP8; the tests part (the second run) stops in time to write its report (pytest's session
+    limit, then SIGINT), each test by name; layouts measures the planner's single-device
+    choices when named."""
     script = open(SCRIPT).read()
     first = re.search(r"^FIRST_RUN=\(([^)]*)\)", script, re.MULTILINE).group(1).split()
     assert first == FIRST_RUN
@@ -109,8 +109,9 @@ def test_the_first_run_measures_candidates_and_layouts_and_the_second_runs_the_t
     assert re.search(r"--configs Synthetic126M,Llama1B --impls auto --torch\s+\\?\s*"
                      r"--percore_batch_size 8", speed), speed
     candidates = part_body("candidates")
-    assert "--impls cudnn" in candidates and "--sweep MAX_SEGMENTS_PER_SEQ=8,16" in candidates
-    assert "--unpacked" in candidates and '"${FEW_STEPS[@]}"' in candidates
+    assert "--configs Llama1B --impls cudnn" in candidates
+    assert "--sweep MAX_SEGMENTS_PER_SEQ=8,16" in candidates
+    assert '"${FEW_STEPS[@]}"' in candidates
     assert re.search(r"^FEW_STEPS=\(--steps 6 --warmup 1\)", script, re.MULTILINE)
     layouts = part_body("layouts")
     assert "--sweep PERCORE_BATCH_SIZE=4,8,16" in layouts and "--impls auto" in layouts
