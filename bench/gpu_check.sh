@@ -15,7 +15,9 @@
 #               MFU, peak memory)
 #   candidates  paths the measured table (layers/gpu_measurements.json) lacks, a few steps
 #               each: the grouped-query Llama1B with cuDNN's packed attention at
-#               MAX_SEGMENTS_PER_SEQ=8 and 16 (GPT126M's were measured at 8, 16 and 32)
+#               MAX_SEGMENTS_PER_SEQ=8 and 16 (GPT126M's were measured at 8, 16 and 32),
+#               then GPT126M with the loss in one piece (LOSS_CHUNK_LEN=0: is the chunked
+#               loss why the H200 trained slower than the H100 before it?)
 #   fp8         FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
 # The second run, right after on the warm machine (`bash bench/gpu_check.sh --parts
 # tests`, 225 s, at most 4 minutes with its start; give it --budget tests=320 when the
@@ -64,18 +66,17 @@ SECOND_RUN=(tests)  # --parts tests, right after the first on the warm machine
 # step's compile (GPT126M 30-37 s, Llama1B ~50, GPT1_3B 69 on an H100), a few steps; the
 # PyTorch peer's torch.compile ~40-60 s. speed: 6 + ~60 (torch) + ~50 (GPT126M) + ~70
 # (Llama1B) = ~185 s. candidates: two calls, three GPT126M rows: 2 x 6 + 3 x ~50 = ~160 s.
-# candidates: two Llama1B rows, 6 + 2 x ~60 = ~130 s. layouts (242 s on an H200): two calls,
+# candidates: two Llama1B rows and a GPT126M row, 2 x 6 + 2 x ~60 + ~50 = ~180 s. layouts (242 s on an H200): two calls,
 # three GPT126M rows and three Llama1B rows. tests: 225 s, the second run (285 s on an
 # H200: the session limit may end them; the first tests: tests/test_attention.py, which
 # names every attention path). moe: 6 + ~75
 # (Qwen3A3B_moe) + ~55 (its dense peer) + ~12 (tokamax's refusal) + ~60 (GLaM, the row most
 # likely to be cut) = ~210 s. fp8: 6 + 2 x ~65 (the 5B shape cut to 8 layers, a scanned
-# layer, compiled in bfloat16 then FP8, 30 steps each) = ~140 s, and 190 s of budget for
-# the loss steps.
+# layer, compiled in bfloat16 then FP8, 30 steps each) = ~140 s.
 # default: 5 main.py processes, 75-100 s. more: three rows, ~200 s. long: ~60 s of kernels
 # then two rows of 70-110 s each.
-declare -A BUDGET=([install]=25 [speed]=190 [candidates]=135 [layouts]=355 [tests]=225
-                   [moe]=120 [fp8]=190 [default]=95 [more]=210 [long]=300)
+declare -A BUDGET=([install]=25 [speed]=190 [candidates]=185 [layouts]=355 [tests]=225
+                   [moe]=120 [fp8]=140 [default]=95 [more]=210 [long]=300)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
 SECOND_RUN_S=225  # the second run's budgets: 4 minutes of device time with the transfers
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
@@ -155,12 +156,19 @@ part_speed() {
 }
 
 part_candidates() {
+    local rc=0
     # Paths the measured table lacks: the grouped-query Llama1B (its experiment's batch 8)
     # with cuDNN's packed layout at smaller segment bounds (its kernel and buffers shrink
     # with the bound); GPT126M's rows at 8, 16 and 32 are in the table.
     run candidates.log bench/gpu_bench.py --configs Llama1B --impls cudnn \
         --sweep MAX_SEGMENTS_PER_SEQ=8,16 "${FEW_STEPS[@]}" --timeout 110 \
-        --json "$out/candidates_llama1b.json"
+        --json "$out/candidates_llama1b.json" || rc=1
+    # GPT126M on unpacked rows trained at 404k tokens/s on an H100 before the chunked loss
+    # and at 363k on an H200 after it: the same row with the loss in one piece.
+    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn --unpacked \
+        --set LOSS_CHUNK_LEN=0 --percore_batch_size 8 "${FEW_STEPS[@]}" --timeout 90 \
+        --json "$out/candidates_loss.json" || rc=1
+    return "$rc"
 }
 
 part_layouts() {
