@@ -48,6 +48,17 @@ def main(argv: list[str]) -> int:
         data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
         vocab_path=FLAGS.vocab_path or os.environ.get("VOCAB_PATH"),
         cache_dir=FLAGS.cache_dir, eval_on_test=FLAGS.eval_on_test), hyperparameter_overrides)
+    if FLAGS.plan_search and FLAGS.mode != "plan":
+        raise UserError("--plan_search searches layouts for --mode=plan; add --mode=plan")
+    if FLAGS.mode == "plan" and FLAGS.plan_search:
+        from paxloom.launch import plan_search
+
+        print(plan_search.run(
+            exp, selection, graph_overrides, device=FLAGS.plan_device,
+            compiler=FLAGS.plan_compiler, nodes=FLAGS.plan_nodes,
+            global_batch=FLAGS.plan_global_batch, top_k=FLAGS.plan_top_k,
+            workers=FLAGS.plan_workers, device_memory_gb=FLAGS.plan_device_memory_gb))
+        return 0
     target = None  # this process's devices
     if FLAGS.mode == "plan":
         from paxloom.launch import plan

@@ -19,7 +19,7 @@ from tests.support.paths import REPO_ROOT
 
 BLOCKS, MARKER_PROBLEMS = docs_examples.all_blocks()
 PAGES = sorted({b.path for b in BLOCKS if b.mark is None})
-# A page's examples together; the longest (trained weights: 8 runs) takes about 3 minutes on 2 cores.
+# A page's examples together; the longest (trained weights: 10 runs) takes about 3 minutes on 2 cores.
 BLOCK_TIMEOUT_S = 900
 
 

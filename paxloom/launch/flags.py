@@ -6,6 +6,7 @@ them.
 `--help` lists them by group, one line each (GROUPS, which docs/reference/flags.md's sections
 follow: tests/test_docs.py); `--helpfull` adds every flag's full help and absl's own flags."""
 
+import logging
 import os
 import sys
 
@@ -33,6 +34,19 @@ flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan:
 flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
 flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
                    "instead of the table's.")
+flags.DEFINE_bool("plan_search", False, "--mode=plan: search the experiment's layouts (mesh, "
+                  "remat policy, gradient accumulation, pipeline microbatches, expert axis) "
+                  "on --plan_nodes nodes, compile the best --plan_top_k and rank them by "
+                  "estimated step time (paxloom/launch/plan_search.py).")
+flags.DEFINE_integer("plan_nodes", 0, "--plan_search: nodes of 8 GPUs to lay the run out on; "
+                     "0: the experiment's own (the product of DCN_MESH_SHAPE).")
+flags.DEFINE_integer("plan_global_batch", 0, "--plan_search: sequences per update; 0: "
+                     "PERCORE_BATCH_SIZE x the searched devices.")
+flags.DEFINE_integer("plan_top_k", 8, "--plan_search: how many layouts to compile (the best "
+                     "by the analytic estimate, with pipelined and expert-parallel ones "
+                     "among them where allowed).")
+flags.DEFINE_integer("plan_workers", 2, "--plan_search: processes compiling at once (each "
+                     "needs a few GB of memory); 1 compiles in this process.")
 flags.DEFINE_float("device_memory_gb", 0.0, "Memory one device can give the run, in GB, for "
                    "the check before the first train step (default: the GPU allocator's "
                    "limit; no check on CPU without it).")
@@ -156,6 +170,11 @@ GROUPS: dict[str, dict[str, str]] = {
         "plan_compiler": "auto, gpu (XLA:GPU, no GPU needed) or cpu (XLA:CPU)",
         "plan_mfu": "the MFU the predicted step time assumes",
         "plan_device_memory_gb": "GB of --plan_device; 0: the table's",
+        "plan_search": "search layouts on --plan_nodes nodes, ranked by step time",
+        "plan_nodes": "nodes to search layouts on; 0: the experiment's",
+        "plan_global_batch": "sequences per update to search for; 0: as the experiment",
+        "plan_top_k": "layouts the search compiles",
+        "plan_workers": "processes compiling at once; 1: this one",
     },
     "Decoding (--mode=decode)": {
         "prompt": "a prompt to continue (repeatable)",
@@ -276,6 +295,10 @@ def _check(name: str, ok, expected: str) -> None:
 
 _check("plan_mfu", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.4")
 _check("plan_device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: the table's)")
+_check("plan_nodes", lambda v: v >= 0, ">= 0 (0: the experiment's DCN node count)")
+_check("plan_global_batch", lambda v: v >= 0, ">= 0 (0: PERCORE_BATCH_SIZE x devices)")
+_check("plan_top_k", lambda v: v >= 1, "at least 1")
+_check("plan_workers", lambda v: v >= 1, "at least 1 (1: compile in this process)")
 _check("device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: ask the device)")
 _check("peak_tflops", lambda v: 0 <= v < float("inf"), ">= 0 (0: looked up from the device)")
 _check("num_hosts", lambda v: v >= 1, "at least 1")
@@ -314,11 +337,28 @@ def _one_line(error: flags.Error) -> str:
     return text.removeprefix("flag ") if text.startswith("flag --") else text
 
 
+class _OrbaxInfoFilter(logging.Filter):
+    """Leaves out orbax's INFO records: a dozen or more for each checkpoint saved or read
+    (its threads, timings and settings), which would bury the run's own lines under the
+    --alsologtostderr of every Pax script. Its warnings and errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+_ORBAX_INFO_FILTER = _OrbaxInfoFilter()
+
+
 def setup_logging() -> None:
     """absl's conventions: --log_dir writes absl's log files; library INFO logs reach the
     console with --alsologtostderr/--logtostderr or an explicit --verbosity, as in Pax
-    (otherwise warnings only, so the console stays Paxloom's own lines)."""
+    (otherwise warnings only, so the console stays Paxloom's own lines); orbax's INFO logs
+    only with an explicit --verbosity."""
     absl_logging.use_absl_handler()
+    handler = absl_logging.get_absl_handler()
+    handler.removeFilter(_ORBAX_INFO_FILTER)
+    if not FLAGS["verbosity"].present:
+        handler.addFilter(_ORBAX_INFO_FILTER)
     if FLAGS.log_dir:
         try:
             os.makedirs(FLAGS.log_dir, exist_ok=True)

@@ -22,8 +22,8 @@ Checks on an H100 (docs/performance.md, 2026-11-24, cuDNN unpacked): GPT1_3B mea
 
 There is no A100 measurement in the repository. The A100's scale is fitted on ONE published
 row: Pax's GPT126M on 64 A100 80GB (8 DGX A100 nodes, data-parallel over all 64, batch 4 per
-GPU, 2048 tokens): 2068.5 sequences/s (Pax's GPU README, /work/shared/seeds/002: the
-paxml/contrib/gpu/scripts_gpu performance table) = 66,192 tokens/s per GPU x 9.68e8 FLOPs per
+GPU, 2048 tokens): 2068.5 sequences/s (the performance table of Pax's GPU README,
+paxml/contrib/gpu/scripts_gpu) = 66,192 tokens/s per GPU x 9.68e8 FLOPs per
 token / 312e12 = MFU 0.205, against eff(768) = 0.300 on the H200: scale 0.68. Its other
 two rows stay a held-out check, not a fit: 5B (D=4096) predicts 0.395 against 0.377
 published, 175B (D=12288) 0.461 against 0.483, before communication and recomputation.
@@ -68,7 +68,7 @@ FIT_ROWS = (
 # Pax's published A100 runs (Pax GPU README, seed 002): DGX A100 80GB nodes, T = 2048,
 # MFU = sequences/s x 2048 / GPUs x FLOPs per token / 312e12. The first sets the A100's
 # scale; the other two are the held-out check.
-PAX_A100_SOURCE = "Pax GPU README (paxml/contrib/gpu), /work/shared/seeds/002_562fa46602eb2419.txt"
+PAX_A100_SOURCE = "the performance table of Pax's GPU README (paxml/contrib/gpu/scripts_gpu)"
 PAX_A100_ROWS = (
     MeasuredRow("GPT126M, 64 GPUs, DP64, batch 4/GPU: 2068.5 sequences/s", "a100-80gb", 768,
                 2068.5 * 2048 / 64 * 9.68e8 / 312e12, PAX_A100_SOURCE),
