@@ -164,6 +164,7 @@ def searched(tmp_path_factory):
     return first, result
 
 
+@pytest.mark.slow  # the search fixture compiles for about 30 s
 def test_non_fitting_never_above_fitting(searched):
     first, result = searched
     assert all(row.cached for row in result.rows)  # the same layouts, planned once
@@ -178,6 +179,7 @@ def test_non_fitting_never_above_fitting(searched):
     assert result.rows[0].layout.flags in text.split("To launch the best")[1]
 
 
+@pytest.mark.slow  # the search fixture's; tests/test_step_time.py adds up terms quickly
 def test_report_terms_add_up(searched):
     _, result = searched
     text = plan_search.report(result)
