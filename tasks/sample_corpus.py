@@ -251,21 +251,7 @@ def _write_tfds_boolq(root: Path, splits: dict[str, list[dict]]) -> Path:
             "shardLengths": [str(len(examples[i * per_shard:(i + 1) * per_shard]))
                              for i in range(num_shards)],
             "filepathTemplate": "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"})
-    name, config, version = tfds.BOOLQ
-    (directory / "dataset_info.json").write_text(json.dumps({
-        "name": name, "configName": config, "version": version, "fileFormat": "tfrecord",
-        "moduleName": "tensorflow_datasets.text.super_glue", "splits": split_infos}, indent=2))
-    text = {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}}
-    (directory / "features.json").write_text(json.dumps({
-        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
-        "featuresDict": {"features": {
-            "idx": {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
-                    "tensor": {"shape": {}, "dtype": "int32", "encoding": "none"}},
-            "label": {"pythonClassName":
-                      "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
-                      "classLabel": {"numClasses": "2"}},
-            "passage": text, "question": text}}}, indent=2))
-    (directory / "label.labels.txt").write_text("False\nTrue\n")
+    tfds.write_boolq_info(directory, split_infos)
     return directory
 
 

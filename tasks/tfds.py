@@ -25,6 +25,7 @@ every run, on GPU machines that have no TensorFlow.
 """
 
 import itertools
+import json
 import os
 import struct
 from collections.abc import Iterator
@@ -43,6 +44,27 @@ BOOLQ_SPLITS = {"train": "train", "dev": "validation"}
 
 def builder_dir(data_dir, builder: tuple[str, str, str]) -> Path:
     return Path(data_dir).joinpath(*builder)
+
+
+def write_boolq_info(directory: Path, split_infos: list[dict]) -> None:
+    """The metadata TFDS writes beside BoolQ's shards (dataset_info.json, features.json,
+    label.labels.txt), with `split_infos` (each split's name, numBytes, shardLengths and
+    filepathTemplate) as dataset_info.json's splits."""
+    name, config, version = BOOLQ
+    (directory / "dataset_info.json").write_text(json.dumps({
+        "name": name, "configName": config, "version": version, "fileFormat": "tfrecord",
+        "moduleName": "tensorflow_datasets.text.super_glue", "splits": split_infos}, indent=2))
+    text = {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}}
+    (directory / "features.json").write_text(json.dumps({
+        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
+        "featuresDict": {"features": {
+            "idx": {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+                    "tensor": {"shape": {}, "dtype": "int32", "encoding": "none"}},
+            "label": {"pythonClassName":
+                      "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                      "classLabel": {"numClasses": "2"}},
+            "passage": text, "question": text}}}, indent=2))
+    (directory / "label.labels.txt").write_text("False\nTrue\n")
 
 
 def is_tfrecord(path) -> bool:

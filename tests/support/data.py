@@ -161,6 +161,8 @@ def write_tfds_boolq(root, splits: dict[str, list[dict]], num_shards: int = 2) -
     "validation" to {"question", "passage", "label": 0/1 or -1} records, idx = position."""
     import tensorflow as tf
 
+    from tasks import tfds
+
     directory = Path(root) / "super_glue" / "boolq" / "1.0.2"
     directory.mkdir(parents=True, exist_ok=True)
     split_infos = []
@@ -187,21 +189,7 @@ def write_tfds_boolq(root, splits: dict[str, list[dict]], num_shards: int = 2) -
         split_infos.append({"name": split, "shardLengths": lengths,
                             "numBytes": str(sum(map(len, examples))),
                             "filepathTemplate": "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"})
-    (directory / "dataset_info.json").write_text(json.dumps({
-        "name": "super_glue", "configName": "boolq", "version": "1.0.2",
-        "moduleName": "tensorflow_datasets.text.super_glue", "fileFormat": "tfrecord",
-        "splits": split_infos}, indent=2))
-    text = {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text", "text": {}}
-    (directory / "features.json").write_text(json.dumps({
-        "pythonClassName": "tensorflow_datasets.core.features.features_dict.FeaturesDict",
-        "featuresDict": {"features": {
-            "idx": {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
-                    "tensor": {"shape": {}, "dtype": "int32", "encoding": "none"}},
-            "label": {"pythonClassName":
-                      "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
-                      "classLabel": {"numClasses": "2"}},
-            "passage": text, "question": text}}}, indent=2))
-    (directory / "label.labels.txt").write_text("False\nTrue\n")
+    tfds.write_boolq_info(directory, split_infos)
     return Path(root)
 
 
