@@ -74,6 +74,14 @@ def rows() -> tuple[dict, ...]:
     return tuple(table)
 
 
+def fastest_run(experiment: str, gpu: str) -> dict | None:
+    """The row of `experiment` (a class name) that trained at the highest MFU on a GPU whose
+    name holds `gpu` ("H200", "H100"), or None."""
+    found = [row for row in rows() if row["experiment"] == experiment and gpu in row["device"]
+             and row["trained"] and row.get("mfu")]
+    return max(found, key=lambda row: row["mfu"], default=None)
+
+
 def _covers(measured: dict, case: Case) -> bool:
     return all(measured[f] == getattr(case, f) for f in CASE_FIELDS if f != "packed") and (
         measured["packed"] or not case.packed)

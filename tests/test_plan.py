@@ -199,8 +199,9 @@ def test_plan_from_the_command_line_does_not_fit_a_small_device_and_replans(
     text = out.stdout
     for line in ("Plan: experiments.base.BaseExperiment on 8 devices", "FLOPs per token",
                  "peak (arguments + outputs - donated + temps)",
-                 "Speed on 8 x A100 40GB at an assumed MFU of 40%",
-                 "none recorded for BaseExperiment", "Caveats"):
+                 "Speed on 8 x A100 40GB (--plan_mfu=0.4 assumes an MFU instead)",
+                 "Step time on A100 40GB (estimate)", "activations",
+                 "nothing recorded for BaseExperiment", "Caveats"):
         assert line in text, line
     assert re.search(r"all-gather +data +ICI", text)
     assert re.search(r"A100 40GB \(given .* GB\) .* does not fit: .* over", text)

@@ -11,7 +11,7 @@ import pytest
 
 import experiments
 from paxloom.launch import layouts, plan_search, resolve
-from paxloom.runner.planning import gpu_target
+from paxloom.runner.planning import efficiency, gpu_target
 from paxloom.runner.planning import plan as planning
 from tests.support.paths import REPO_ROOT
 from tests.support.processes import PYTHON, run_main
@@ -81,21 +81,15 @@ def test_layout_flags_are_the_overrides_as_the_command_line_writes_them():
 
 # ----- Pax's published A100 runs --------------------------------------------------------------
 
-# Pax's GPU README (seed 002): DGX A100 80GB nodes, 2048 tokens a sequence. (experiment, ICI,
-# DCN over the five axes, PERCORE_BATCH_SIZE, CHECKPOINT_POLICY, sequences/s published).
-PAX_A100 = {
-    "126M": ("experiments.GPT126M", (1, 8, 1, 1, 1), (1, 8, 1, 1, 1), 4, "none", 2068.5),
-    "5B": ("experiments.GPT5B", (1, 1, 4, 1, 2), (1, 32, 1, 1, 1), 8,
-           "save_dot_with_no_batch_dims", 450.6),
-    "175B": ("experiments.GPT175B", (1, 1, 8, 1, 1), (1, 1, 32, 1, 1), 6, "save_nothing", 17.5),
-}
+PAX_A100 = {run.name: run for run in efficiency.PAX_A100_RUNS}  # Pax's GPU README, seed 002
 
 
 def pax_layout(name):
-    experiment, ici, dcn, batch, policy, published = PAX_A100[name]
-    layout = layouts.Layout(ici, dcn, policy, percore_batch_size=batch)
-    exp = experiments.resolve(experiment)(**layout.overrides())
-    return exp, layout, published
+    run = PAX_A100[name]
+    layout = layouts.Layout(run.ici, run.dcn, run.checkpoint_policy,
+                            percore_batch_size=run.percore_batch_size)
+    exp = experiments.resolve(run.experiment)(**layout.overrides())
+    return exp, layout, run.sequences_per_s
 
 
 @pytest.mark.parametrize("name", PAX_A100)

@@ -134,7 +134,7 @@ def test_damaged_checkpoint_metadata_is_named_then_skipped(tmp_path):
 @pytest.mark.process
 @pytest.mark.parametrize("flag,message", [
     ("--jax_profiler_port=70000", "--jax_profiler_port=70000: must be a TCP port"),
-    ("--plan_mfu=0", "--plan_mfu=0.0: must be a fraction in (0, 1]"),
+    ("--plan_mfu=1.5", "--plan_mfu=1.5: must be 0 (the calibrated estimate) or a fraction in (0, 1]"),
     ("--top_p=1.5", "--top_p=1.5: must be in (0, 1]"),
     ("--restore_checkpoint_step=-1", "--restore_checkpoint_step=-1: must be a step >= 0"),
 ])

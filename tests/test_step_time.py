@@ -8,12 +8,14 @@ import dataclasses
 import json
 import pathlib
 import pickle
+import subprocess
 
 import pytest
 
 import experiments
 from paxloom.launch import plan
-from paxloom.runner.planning import efficiency, hlo_text, links, step_time
+from paxloom.runner.planning import efficiency, gpu_target, hlo_text, links, step_time
+from tests.support.processes import PYTHON
 from tests.support.tiny import TINY
 
 pytestmark = pytest.mark.usefixtures("compilation_cache")
@@ -43,7 +45,8 @@ def gpipe():
 
 
 # A fused dot in a loop of 3 trips, one at the top level with its operand's shape inline,
-# and a cuBLAS call as XLA:GPU writes it after GEMM rewriting.
+# and a cuBLAS call as XLA:GPU writes it after GEMM rewriting, which recomputes a forward
+# matmul (jax's name scope for a jax.checkpoint's backward pass).
 DOTS_HLO = """\
 HloModule m
 
@@ -61,7 +64,7 @@ HloModule m
 ENTRY %main (a: bf16[2,3,5]) -> f32[2,7] {
   %w = (s32[], bf16[4,8]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
   %d = f32[2,7]{1,0} dot(f32[2,3,5]{2,1,0} %a, f32[3,5,7]{2,1,0} %b), lhs_contracting_dims={1,2}, rhs_contracting_dims={0,1}
-  %g = (bf16[32,64]{1,0}, s8[1024]{0}) custom-call(bf16[32,128]{1,0} %l, bf16[128,64]{1,0} %r), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %g = (bf16[32,64]{1,0}, s8[1024]{0}) custom-call(bf16[32,128]{1,0} %l, bf16[128,64]{1,0} %r), custom_call_target="__cublas$gemm", metadata={op_name="jit(_train_step)/transpose(jvp(lm.apply))/lm/checkpoint/rematted_computation/linear/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
 }
 """
 
@@ -70,7 +73,7 @@ def test_dot_flops_reads_fused_inline_and_cublas_matmuls():
     loop = 3 * 2 * (4 * 16) * 8
     top = 2 * (2 * 7) * (3 * 5)
     gemm = 2 * (32 * 64) * 128
-    assert hlo_text.dot_flops(DOTS_HLO) == loop + top + gemm
+    assert hlo_text.dot_flops(DOTS_HLO) == hlo_text.DotFlops(loop + top + gemm, gemm)
 
 
 def test_dot_flops_counts_loop_trips():
@@ -81,6 +84,8 @@ def test_dot_flops_counts_loop_trips():
     assert repeated.dot_flops == pytest.approx(unrolled.dot_flops, rel=0.01)
     ratio = repeated.dot_flops / model_flops_per_device(repeated)
     assert 1.0 <= ratio <= 1.3, ratio  # 1.033 when written (jax 0.10.2, XLA:CPU)
+    # No remat policy and a loss in one piece: nothing is computed twice.
+    assert repeated.recomputed_flops == unrolled.recomputed_flops == 0
 
 
 @pytest.mark.slow  # one more compile; repeats test_dot_flops_counts_loop_trips' coverage
@@ -90,8 +95,13 @@ def test_dot_flops_see_rematerialisation():
     extra = (remat.dot_flops - none.dot_flops) / model_flops_per_device(none)
     # The layers' forward matmuls again: about a third of theirs (1.033 -> 1.254 when written).
     assert 0.15 <= extra <= 0.4, extra
+    # Those are the matmuls the program marks as recomputed, and no others.
+    assert none.recomputed_flops == 0
+    assert remat.recomputed_flops == pytest.approx(remat.dot_flops - none.dot_flops, rel=0.02)
     estimate = step_time.from_plan(remat, "h100", model_dims=WIDE["MODEL_DIMS"])
-    assert estimate.recompute_flops > 0 and estimate.recompute_s > 0
+    assert estimate.recompute_flops == remat.recomputed_flops and estimate.recompute_s > 0
+    # What save_nothing keeps for the backward pass is less than what none keeps.
+    assert 0 < remat.memory.activations < none.memory.activations
 
 
 # Mesh data=4 x mdl=4: data is ICI 2 x DCN 2, mdl ICI 4; 16 devices, 2 nodes of 8
@@ -159,27 +169,27 @@ def test_link_bandwidths():
     assert links.bandwidth("?", 0, a100) == 25e9  # unread groups: nothing faster assumed
 
 
-def test_efficiency_fit_reproduces_its_measured_rows():
+def test_the_fits_runs_are_rows_of_the_measurement_table():
+    from paxloom.tools import fit_step_time
+
     table = json.loads((ROOT / "layers/gpu_measurements.json").read_text())
-    for row in efficiency.FIT_ROWS:
-        batch = "4x2048"
-        measured = [m["mfu"] for m in table if m["experiment"] == row.experiment
-                    and m["device"] == "NVIDIA H200" and m["batch"] == batch
-                    and m["date"] == "2026-11-27"]
-        assert row.mfu in measured, (row, measured)
-        assert efficiency.efficiency("h200", row.model_dims) == pytest.approx(row.mfu, abs=0.002)
-    # The A100's scale reproduces the one row it was fitted on; the two held out stay
-    # within 10% before communication and recomputation.
-    fitted, *held_out = efficiency.PAX_A100_ROWS
-    assert efficiency.efficiency("a100", fitted.model_dims) == pytest.approx(fitted.mfu, rel=0.01)
-    for row in held_out:
-        assert efficiency.efficiency("a100", row.model_dims) == pytest.approx(row.mfu, rel=0.1)
+    for run in fit_step_time.RUNS:
+        assert fit_step_time.measured_tokens_per_s(run, table) > 0
+    assert {run.role for run in fit_step_time.RUNS} == {"fit", "check"}
+
+
+def test_efficiency_rises_with_width_and_rows_and_the_a100_runs_slower():
+    h200 = efficiency.calibration("h200")
+    assert h200.efficiency(768, 8192) < h200.efficiency(2048, 8192) < h200.e_max
+    assert h200.efficiency(768, 4096) < h200.efficiency(768, 8192) < h200.efficiency(768, 32768)
+    assert efficiency.efficiency("a100", 768, 8192) < efficiency.efficiency("h100", 768, 8192)
 
 
 def assert_terms_add_up(e: step_time.Estimate):
     """The estimate's invariant: its step is the sum of its terms, and the bubble the
     stated share of the step."""
-    terms = e.compute_s + e.recompute_s + e.exposed_sync_s + e.exposed_async_s + e.bubble_s
+    terms = (e.compute_s + e.recompute_s + e.activations_s + e.exposed_sync_s
+             + e.exposed_async_s + e.bubble_s)
     assert e.step_s == pytest.approx(terms, rel=1e-9)
     assert e.bubble_s == pytest.approx(e.busy_s * e.bubble / (1 - e.bubble), rel=1e-9)
     assert e.bubble_s / e.step_s == pytest.approx(e.bubble, rel=1e-9)
@@ -200,7 +210,8 @@ def test_estimate_of_a_compiled_pipeline_adds_up(gpipe):
     assert e.exposed_sync_s > 0  # TP all-reduces and the stages' permutes
     assert e.tokens_per_s == pytest.approx(p.tokens_per_step / e.step_s)
     text = "\n".join(step_time.lines(e))
-    for term in ("compute", "recompute", "overlap", "exposed synchronous", "bubble", "step",
+    assert e.activations_s > 0 and e.activation_bytes == p.memory.activations
+    for term in ("compute", "recompute", "activations", "GiB saved", "overlap", "exposed synchronous", "bubble", "step",
                  "TFLOP/s x eff", "collective-permute stage over ICI", "GB/s",
                  "note: collective bytes from XLA:CPU"):
         assert term in text, term
@@ -212,24 +223,58 @@ def test_estimate_of_a_compiled_pipeline_adds_up(gpipe):
 
 def test_estimate_terms_overlap_and_the_add_up_check_catches_a_dropped_term():
     common = dict(device_key="a100", model_dims=4096, tokens_per_step=2048 * 2048,
-                  flops_per_token=3.264e10, num_devices=256)
+                  tokens_per_pass=8 * 2048, flops_per_token=3.264e10, num_devices=256,
+                  activation_bytes=1e9)
     model = 3.264e10 * 2048 * 2048 / 256
-    compute_s = model / (312e12 * efficiency.efficiency("a100", 4096))
-    # Async collectives twice the compute: what exceeds compute is exposed.
+    compute_s = model / (312e12 * efficiency.efficiency("a100", 4096, 8 * 2048))
+    activations_s = 2 * 1e9 / 2.039e12
+    # Async collectives twice the compute: what exceeds the GPU's work (compute and the
+    # activations' traffic) is exposed.
     e = step_time.from_terms(model_flops=model, recompute_flops=0.0, bubble=0.25,
                              comm=[("tp", 0.5, False), ("fsdp", 2 * compute_s, True)], **common)
     assert e.compute_s == pytest.approx(compute_s)
-    assert e.exposed_async_s == pytest.approx(compute_s) and e.hidden_s == pytest.approx(compute_s)
+    assert e.activations_s == pytest.approx(activations_s)
+    assert e.exposed_async_s == pytest.approx(compute_s - activations_s)
+    assert e.hidden_s == pytest.approx(compute_s + activations_s)
     assert e.exposed_sync_s == 0.5
     assert_terms_add_up(e)
     assert e.dominant == "compute" or e.dominant.startswith("asynchronous collectives")
-    # Compute-bound without a pipeline: MFU is the curve's efficiency.
+    # Compute-bound without a pipeline or saved activations: MFU is the curve's efficiency.
     alone = step_time.from_terms(model_flops=model, recompute_flops=0.0, bubble=0.0, comm=[],
-                                 **common)
-    assert alone.mfu == pytest.approx(efficiency.efficiency("a100", 4096))
+                                 **{**common, "activation_bytes": 0.0})
+    assert alone.mfu == pytest.approx(efficiency.efficiency("a100", 4096, 8 * 2048))
     assert alone.dominant == "compute"
     # The check is no tautology: an estimate that left a term out of its step fails it.
-    for term in ("exposed_sync_s", "exposed_async_s", "bubble_s"):
+    for term in ("activations_s", "exposed_sync_s", "exposed_async_s", "bubble_s"):
         dropped = dataclasses.replace(e, step_s=e.step_s - getattr(e, term))
         with pytest.raises(AssertionError):
             assert_terms_add_up(dropped)
+
+
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.skipif(not gpu_target.installed(),
+                    reason="XLA:GPU's plugin is not installed (make install)")
+def test_fit_reproduces_the_measured_order_and_fails_with_a_wrong_constant(tmp_path):
+    """The measured H200 runs, planned by XLA:GPU (about 3 minutes on 2 cores): each
+    group's estimated order is the measured one, and the recorded constants are the fit's.
+    With recomputation charged whole, Llama1B's save_nothing falls behind none: the check
+    fails, as it must."""
+    env = {"XLA_FLAGS": "", "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path)}
+    out = subprocess.run([PYTHON, "-m", "paxloom.tools.fit_step_time", "--check"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.count("the same") == 2 and "check: passed" in out.stdout, out.stdout
+    broken = """
+import dataclasses, sys
+from paxloom.runner.planning import efficiency
+from paxloom.tools import fit_step_time
+efficiency.CALIBRATION["h200"] = dataclasses.replace(efficiency.CALIBRATION["h200"],
+                                                     recompute_share=1.0)
+fit_step_time.main([sys.argv[0], "--check"])
+"""
+    out = subprocess.run([PYTHON, "-c", broken], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT, env=env)  # the plans from the first run's cache
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    order = out.stdout.split("Llama1B by CHECKPOINT_POLICY:")[1]
+    assert "DIFFERENT" in order.split("the fastest")[0], out.stdout

@@ -31,7 +31,9 @@ flags.DEFINE_enum("plan_compiler", "auto", ["auto", "gpu", "cpu"], "--mode=plan:
                   "the step with XLA:GPU for --plan_device without a GPU (gpu; needs the "
                   "plugin `make install` installs), with XLA:CPU on fake devices (cpu), or "
                   "XLA:GPU where installed (auto).")
-flags.DEFINE_float("plan_mfu", 0.4, "--mode=plan: the MFU the predicted step time assumes.")
+flags.DEFINE_float("plan_mfu", 0.0, "--mode=plan: the MFU the predicted step time assumes; "
+                   "0: the calibrated estimate (compute, recomputation, activations, "
+                   "collectives, bubble).")
 flags.DEFINE_float("plan_device_memory_gb", 0.0, "--mode=plan: memory of --plan_device in GB "
                    "instead of the table's.")
 flags.DEFINE_bool("plan_search", False, "--mode=plan: search the experiment's layouts (mesh, "
@@ -168,7 +170,7 @@ GROUPS: dict[str, dict[str, str]] = {
     "Planning (--mode=plan)": {
         "plan_device": "h100, h200, a100-80gb or a100-40gb",
         "plan_compiler": "auto, gpu (XLA:GPU, no GPU needed) or cpu (XLA:CPU)",
-        "plan_mfu": "the MFU the predicted step time assumes",
+        "plan_mfu": "the MFU the predicted step time assumes (0: the calibrated estimate)",
         "plan_device_memory_gb": "GB of --plan_device; 0: the table's",
         "plan_search": "search layouts on --plan_nodes nodes, ranked by step time",
         "plan_nodes": "nodes to search layouts on; 0: the experiment's",
@@ -293,7 +295,8 @@ def _check(name: str, ok, expected: str) -> None:
                              message=f"must be {expected}")
 
 
-_check("plan_mfu", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.4")
+_check("plan_mfu", lambda v: 0 <= v <= 1, "0 (the calibrated estimate) or a fraction in "
+       "(0, 1], e.g. 0.4")
 _check("plan_device_memory_gb", lambda v: 0 <= v < float("inf"), "GB >= 0 (0: the table's)")
 _check("plan_nodes", lambda v: v >= 0, ">= 0 (0: the experiment's DCN node count)")
 _check("plan_global_batch", lambda v: v >= 0, ">= 0 (0: PERCORE_BATCH_SIZE x devices)")

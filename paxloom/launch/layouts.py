@@ -291,6 +291,9 @@ class Sizes:
     moe_layers: int
     experts_per_token: int
     praxis_attention: bool  # materialised [T, T] scores
+    # A token's logits matmul FLOPs the chunked loss computes again in its backward pass
+    # (LOSS_CHUNK_LEN shorter than the sequence); 0 for a loss in one piece.
+    loss_recompute: float = 0.0
 
     @property
     def flops_per_token(self) -> float:
@@ -328,11 +331,13 @@ def sizes(exp, device: str = "h100") -> Sizes:
     embedding = hp["VOCAB_SIZE"] * d * (2 if llama else 1)
     impl = hp.get("ATTENTION_IMPL", "auto")
     praxis = impl in ("praxis", "xla") or impl == "auto" and not device.startswith(("h100", "h200"))
+    chunked = "LOSS_CHUNK_LEN" not in exp.unused_hyperparameters() and exp.loss_chunk_len() > 0
     return Sizes(num_layers=layers, model_dims=d, num_heads=h, dims_per_head=q, kv_heads=kv,
                  seq_len=hp["MAX_SEQ_LEN"], params=layer + embedding,
                  expert_params=expert_params, active_params=active_layer + embedding,
                  layer_params=active_layer, moe_layers=moe_layers, experts_per_token=k,
-                 praxis_attention=praxis)
+                 praxis_attention=praxis,
+                 loss_recompute=2.0 * hp["VOCAB_SIZE"] * d if chunked else 0.0)
 
 
 def memory(s: Sizes, layout: Layout) -> tuple[float, float]:
@@ -421,7 +426,7 @@ def _recompute_flops(s: Sizes, layout: Layout, tokens_per_device: float) -> floa
     recomputed = 2 * s.layer_params * share
     if layout.checkpoint_policy != "none":  # attention's batched matmuls are never saved
         recomputed += attention
-    return recomputed * tokens_per_device
+    return (recomputed + s.loss_recompute) * tokens_per_device
 
 
 def bubble(layout: Layout) -> float:
@@ -432,9 +437,11 @@ def bubble(layout: Layout) -> float:
     return (stages - 1) / (m + stages - 1)
 
 
-def analytic(exp, layout: Layout, device: str) -> tuple[float, "step_time.Estimate"]:
+def analytic(exp, layout: Layout, device: str, calibration=None
+             ) -> tuple[float, "step_time.Estimate"]:
     """(memory bytes per device, step-time estimate) of `exp` run with `layout` on
-    `device` (a DEVICE_KINDS key), from hyperparameters alone: nothing compiles."""
+    `device` (a DEVICE_KINDS key), from hyperparameters alone: nothing compiles.
+    `calibration`: the device's own (efficiency.py) unless given."""
     s = sizes(exp, device)
     state, activations = memory(s, layout)
     tokens_per_step = layout.percore_batch_size * layout.num_devices * s.seq_len
@@ -443,10 +450,21 @@ def analytic(exp, layout: Layout, device: str) -> tuple[float, "step_time.Estima
     estimate = step_time.from_terms(
         model_flops=model_flops,
         recompute_flops=_recompute_flops(s, layout, tokens_per_step / layout.num_devices),
+        activation_bytes=activations * layout.accumulation,
         comm=communication(s, layout, links.interconnect(device)), bubble=bubble(layout),
-        device_key=device, model_dims=s.model_dims, tokens_per_step=tokens_per_step,
-        flops_per_token=flops_per_token, num_devices=layout.num_devices)
+        device_key=device, model_dims=s.model_dims,
+        tokens_per_pass=tokens_per_pass(s, layout), tokens_per_step=tokens_per_step,
+        flops_per_token=flops_per_token, num_devices=layout.num_devices,
+        tensor_parallel=layout.size(MDL), calibration=calibration)
     return state + activations, estimate
+
+
+def tokens_per_pass(s: Sizes, layout: Layout) -> float:
+    """The tokens a device's matmuls take at a time (Plan.tokens_per_pass): its rows of a
+    sub-batch, of one microbatch when pipelined, times its share of the sequence."""
+    sub_batch = layout.percore_batch_size * layout.num_devices / layout.accumulation
+    rows = sub_batch / (layout.num_microbatches or 1) / (layout.size(REPLICA) * layout.size(DATA))
+    return rows * s.seq_len / layout.size(CONTEXT)
 
 
 def memory_bound(exp, layout: Layout, device: str) -> tuple[float, float]:

@@ -10,17 +10,12 @@ import time
 import fiddle as fdl
 import jax
 
+from layers import measured
 from paxloom.core import batch, mesh_axes
 from paxloom.core.errors import UserError
 from paxloom.runner.planning import plan as planning
+from paxloom.runner.planning import step_time
 from paxloom.runner.planning.plan import DEVICE_KINDS, Plan, fits, memory_budget, verdict
-
-# MFU measured on real hardware, by experiment and device kind key: (MFU, how it was
-# measured). From docs/performance.md; bench/gpu_bench.py measures more.
-MEASURED_MFU: dict[str, dict[str, tuple[float, str]]] = {
-    "GPT1_3B": {"h100": (0.524, "PERCORE_BATCH_SIZE=4, ATTENTION_IMPL=cudnn, unpacked rows, "
-                                "jax 0.11.2, one GPU")},
-}
 
 # Rematerialisation policies from most to least memory (praxis names; "none" = no remat in
 # a plain stack, save everything in a repeated one).
@@ -159,7 +154,7 @@ def find_changes(exp, p: Plan, budget: int, variant_graph,
 
 
 def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
-           device: str = "h100", mfu: float = 0.4, device_memory_gb: float = 0.0) -> str:
+           device: str = "h100", mfu: float = 0.0, device_memory_gb: float = 0.0) -> str:
     """The plan of `exp`'s run graph `config` as text: what `main.py --mode=plan` prints.
     `variant_graph(experiment)` builds a changed experiment's graph, as the command line
     built `config`, to re-plan the changes that would fit; `compiler` is start()'s."""
@@ -194,26 +189,42 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
         if fitting:  # the first kind's is the cheapest: the kinds are tried in that order
             lines += ["", f"To launch the first that fits (with this command line's other "
                           f"flags): {launch} {fitting[0].flags} --job_log_dir=runs/NAME"]
-    step_s = p.flops_per_token * p.tokens_per_step / (p.num_devices * chosen.peak_flops * mfu)
-    # A pipeline's stages compute at that MFU while busy, and wait out the bubble.
-    step_s /= 1 - p.bubble
-    bubble = (f", the pipeline bubble ({p.bubble:.1%} idle) included" if p.pipeline is not None
-              else "")
-    name = type(exp).__name__
-    measured = MEASURED_MFU.get(name, {}).get(device)
-    lines += ["", f"Speed on {p.num_devices} x {chosen.name} at an assumed MFU of {mfu:.0%} "
-              f"(--plan_mfu)",
-              f"  step time {step_s:.3g} s, {p.tokens_per_step / step_s:,.0f} tokens/s, "
-              f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device{bubble}",
-              f"  measured MFU on {chosen.name}: " + (
-                  f"{measured[0]:.1%} ({measured[1]})" if measured is not None else
-                  f"none recorded for {name} yet (bench/gpu_bench.py measures it)")]
+    lines += ["", *speed_lines(exp, p, device, mfu)]
     caveats = (planning.GPU_CAVEATS.format(jax=jax.__version__) if compiler == "gpu"
                else planning.CPU_CAVEATS)
     lines += ["", f"Caveats ({p.compiler_name})", caveats, planning.COMMON_CAVEATS, "",
               f"planned in {time.perf_counter() - began:.1f}s "
               f"(train step compiled by {p.compiler_name} in {p.compile_s:.1f}s)"]
     return "\n".join(lines)
+
+
+def speed_lines(exp, p: Plan, device: str, mfu: float = 0.0) -> list[str]:
+    """How fast the planned run might go on `device`: the calibrated step-time estimate
+    (paxloom/runner/planning/step_time.py), or with `mfu` > 0 a step at that MFU (a
+    pipeline's stages compute at it while busy and wait out the bubble); then the fastest
+    run of the experiment measured on that GPU (layers/gpu_measurements.json)."""
+    kind = DEVICE_KINDS[device]
+    if mfu > 0:
+        step_s = (p.flops_per_token * p.tokens_per_step / (p.num_devices * kind.peak_flops * mfu)
+                  / (1 - p.bubble))
+        bubble = (f", the pipeline bubble ({p.bubble:.1%} idle) included"
+                  if p.pipeline is not None else "")
+        lines = [f"Speed on {p.num_devices} x {kind.name} at an assumed MFU of {mfu:.0%} "
+                 f"(--plan_mfu)",
+                 f"  step time {step_s:.3g} s, {p.tokens_per_step / step_s:,.0f} tokens/s, "
+                 f"{p.tokens_per_step / step_s / p.num_devices:,.0f} tokens/s per device{bubble}"]
+    else:
+        estimate = step_time.from_plan(p, device, exp.MODEL_DIMS)
+        lines = [f"Speed on {p.num_devices} x {kind.name} (--plan_mfu=0.4 assumes an MFU "
+                 f"instead)", *[f"  {line}" for line in step_time.lines(estimate)]]
+    name = type(exp).__name__
+    gpu = kind.name.split()[0]
+    run = measured.fastest_run(name, gpu)
+    lines.append(f"  measured on {gpu}: " + (
+        f"MFU {run['mfu']:.1%}, {run['tokens_per_s']:,} tokens/s a GPU at batch {run['batch']} "
+        f"({run['date']}, jax {run['jax']}: {run['command']})" if run is not None else
+        f"nothing recorded for {name} (bench/gpu_bench.py measures it)"))
+    return lines
 
 
 def _describe_changes(kind: str, tried: list[Change], budget: int) -> list[str]:

@@ -311,10 +311,11 @@ def report(result: SearchResult) -> str:
         lines += ["", "Left out before compiling (layouts per reason)"]
         lines += [f"  {n:>6}  {why}" for why, n in
                   sorted(result.pruned.items(), key=lambda item: -item[1])]
-    lines += ["", "The estimate: compute at the calibrated efficiency, recomputation, each "
-                  "collective's bytes over its links (async ones hidden behind compute), the "
-                  "pipeline bubble. Not in it: the data pipeline, kernel launch gaps, NCCL's "
-                  "own algorithms, stragglers, checkpoints and evaluations."]
+    lines += ["", "The estimate: compute at the calibrated efficiency, recomputation, the "
+                  "saved activations' memory traffic, each collective's bytes over its links "
+                  "(async ones hidden behind the GPU's work), the pipeline bubble. Not in it: "
+                  "the data pipeline, kernel launch gaps, NCCL's own algorithms, stragglers, "
+                  "checkpoints and evaluations."]
     if best is not None:
         lines += ["", "To launch the best (with this command line's other flags):",
                   f"  python main.py --fdl_config={result.experiment} {best.layout.flags} "
@@ -329,9 +330,7 @@ def calibration_lines(device: str) -> list[str]:
     """Where the time model's constants come from, for `device`."""
     ic = links.interconnect(device)
     return [
-        f"efficiency: {efficiency.calibration(device).source}",
-        f"recomputation charged at {efficiency.KAPPA_RECOMPUTE:g} of its FLOPs' time: "
-        f"{efficiency.KAPPA_SOURCE}",
+        f"efficiency and recomputation: {efficiency.calibration(device).source}",
         f"links: NVLink {ic.nvlink_bytes_per_s / 1e9:g} GB/s, network "
         f"{ic.network_bytes_per_s_per_gpu / 1e9:g} GB/s per GPU, {ic.gpus_per_node} GPUs a "
         f"node ({ic.source})",

@@ -1,7 +1,7 @@
 """What a compiled SPMD program does, read from its HLO text (`compiled.as_text()`).
 
 Three readings for the plan (paxloom/runner/planning/plan.py): the bytes its collectives move per mesh axis
-(step_traffic), the FLOPs of its matmuls (dot_flops), and the float32 copies of bfloat16
+(step_traffic), the FLOPs of its matmuls and how many recompute (dot_flops), and the float32 copies of bfloat16
 arrays XLA:CPU makes (upcast_copies).
 
 The partitioned program (`compiled.as_text()`) names each collective's devices by their
@@ -359,17 +359,30 @@ def _axes_of(groups, mesh_shape: dict[str, int], ici_shape, dcn_shape):
     return tuple(n for n in names if n in axes), link, per_node or 1
 
 
-def dot_flops(hlo_text: str) -> float:
+@dataclasses.dataclass(frozen=True)
+class DotFlops:
+    """Per device, the FLOPs of one execution's matmuls: all of them, and those that
+    recompute the forward pass (rematerialisation)."""
+
+    total: float
+    recomputed: float
+
+
+def dot_flops(hlo_text: str) -> DotFlops:
     """Per device, the FLOPs of the program's matmuls in one execution (one train step):
     2 x the result's elements x the contracted elements of each, loop trips counted.
 
     Dots sit mostly inside fusions, their operands the fusion's parameters, whose shapes
     are on the fused computation's own lines. cuBLAS calls (`__cublas$gemm`, in programs
     compiled after GEMM rewriting) carry their contracting dimensions in the backend config.
-    Counts the dots XLA runs, recomputation included: the hardware FLOPs, not the model's."""
+    Counts the dots XLA runs, recomputation included: the hardware FLOPs, not the model's.
+    A recomputed dot is one jax traced again for the backward pass of a jax.checkpoint
+    (CHECKPOINT_POLICY, the chunked loss): its op_name carries jax's name scope for that,
+    `rematted_computation` (jax/_src/ad_checkpoint.py), which XLA keeps on fused and
+    rewritten instructions alike."""
     computations, calls = _parse(hlo_text)
     runs = _executions(computations, calls)
-    total = 0.0
+    total = recomputed = 0.0
     for name, instructions in computations.items():
         if not runs.get(name):
             continue
@@ -387,10 +400,14 @@ def dot_flops(hlo_text: str) -> float:
                 continue
             dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
             contracted = math.prod(lhs[d] for d in dims)
-            total += runs[name] * 2.0 * _elements(result.group(2)) * contracted
-    return total
+            flops = runs[name] * 2.0 * _elements(result.group(2)) * contracted
+            total += flops
+            if _RECOMPUTED.search(rest):
+                recomputed += flops
+    return DotFlops(total, recomputed)
 
 
+_RECOMPUTED = re.compile(r'op_name="[^"]*/rematted_computation/')
 _GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
 _GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 

@@ -47,18 +47,21 @@ class DeviceKind:
     memory_bytes: int  # total, as nvidia-smi reports it
     peak_flops: float  # dense bf16 FLOP/s (paxloom/runner/training/throughput.py's table)
     gpus_per_node: int  # GPUs sharing one node's NVLink (paxloom/runner/planning/links.py)
+    memory_bytes_per_s: float  # HBM bandwidth, the SXM datasheet's
 
 
-def _kind(key: str, name: str, memory_mib: int, peak_key: str) -> DeviceKind:
+def _kind(key: str, name: str, memory_mib: int, peak_key: str, hbm_tb_s: float) -> DeviceKind:
     return DeviceKind(name, memory_mib * 2**20, throughput.PEAK_FLOPS_BF16[peak_key],
-                      links.INTERCONNECTS[key].gpus_per_node)
+                      links.INTERCONNECTS[key].gpus_per_node, hbm_tb_s * 1e12)
 
 
+# HBM bandwidth from NVIDIA's datasheets: H100 SXM 3.35 TB/s, H200 SXM 4.8 TB/s, A100 80GB
+# SXM 2.039 TB/s, A100 40GB 1.555 TB/s.
 DEVICE_KINDS = {
-    "h100": _kind("h100", "H100 80GB", 81559, "H100"),
-    "h200": _kind("h200", "H200 141GB", 143771, "H200"),
-    "a100-80gb": _kind("a100-80gb", "A100 80GB", 81920, "A100"),
-    "a100-40gb": _kind("a100-40gb", "A100 40GB", 40960, "A100"),
+    "h100": _kind("h100", "H100 80GB", 81559, "H100", 3.35),
+    "h200": _kind("h200", "H200 141GB", 143771, "H200", 4.8),
+    "a100-80gb": _kind("a100-80gb", "A100 80GB", 81920, "A100", 2.039),
+    "a100-40gb": _kind("a100-40gb", "A100 40GB", 40960, "A100", 1.555),
 }
 
 
@@ -123,8 +126,10 @@ CPU_CAVEATS = """\
 COMMON_CAVEATS = """\
 - Bytes sent assume ring algorithms (all-reduce 2(n-1)/n of the buffer, all-gather and
   reduce-scatter (n-1)/n); NCCL may pick trees or NVLS, with other constants.
-- The step time is FLOPs / (devices x peak x the stated MFU), divided by 1 - the bubble
-  for a pipelined run; it ignores communication."""
+- The step time is the calibrated estimate's (paxloom/runner/planning/step_time.py: each
+  term printed, its constants fitted on one H200's runs), or with --plan_mfu FLOPs /
+  (devices x peak x that MFU), divided by 1 - the bubble for a pipelined run. Neither
+  counts the input pipeline, gaps between kernels, stragglers or checkpoints."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +156,12 @@ class Memory:
         inputs, the temporaries' high-water mark and the attention kernel's own buffers."""
         return (self.arguments + self.outputs - self.aliased + self.temporaries
                 + self.kernel_buffers)
+
+    @property
+    def activations(self) -> int:
+        """What a pass keeps for its backward pass, about: the temporaries less the
+        gradients (the rest of them: transient buffers at the high-water mark)."""
+        return max(0, self.temporaries - self.gradients)
 
     @property
     def analytic_floor(self) -> int:
@@ -180,9 +191,10 @@ class Plan:
     compiled: object = dataclasses.field(repr=False)  # the jax Compiled step (HLO, analyses)
     num_layers: int = 0
     pipeline: spec.PipelineSpec | None = None  # None: one stage
-    # Per device per step, the FLOPs of the compiled program's matmuls (hlo_text.dot_flops:
-    # recomputation included); 0.0 where not read.
+    # Per device per step, the FLOPs of the compiled program's matmuls (hlo_text.dot_flops),
+    # and of those the ones that recompute the forward pass; 0.0 where not read.
     dot_flops: float = 0.0
+    recomputed_flops: float = 0.0
 
     def portable(self) -> "Plan":
         """This plan without the jax Compiled object (which does not pickle): what crosses
@@ -209,6 +221,14 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """The rows of each device's matmuls at a time: its share of a sub-batch's tokens,
+        of one microbatch's when pipelined (each stage holds one at a time)."""
+        stages = self.mesh_shape.get("stage", 1)
+        rows = (self.batch.microbatch_size or self.sub_batch) * stages / self.batch.batch_shards
+        return rows * self.seq_len / self.mesh_shape.get("context", 1)
 
     @property
     def bubble(self) -> float:
@@ -248,15 +268,19 @@ def start(device_count: int, compiler: str = "auto") -> str:
 
 def use_host_devices(count: int) -> list:
     """`count` CPU devices to plan on. Before jax has started its backends (building a run's
-    graph starts them), ask for exactly that many fake ones, on the CPU platform even on a
-    GPU machine; after, use what the process has."""
+    graph starts them), ask for that many fake ones (or as many as XLA_FLAGS already asks
+    for, if more), on the CPU platform even on a GPU machine; after, use what the process
+    has."""
     # jax has no public "started yet?"; XLA_FLAGS is read once, when the backend starts.
     from jax._src import xla_bridge
 
     if not xla_bridge.backends_are_initialized():
-        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
-                       os.environ.get("XLA_FLAGS", ""))
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+        flags = os.environ.get("XLA_FLAGS", "")
+        # Never fewer than the process was asked for (a later plan, or tests, may need them).
+        asked = [int(n) for n in re.findall(r"--xla_force_host_platform_device_count=(\d+)", flags)]
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags)
+        os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
+                                   f"{max([count, *asked])}").strip()
         jax.config.update("jax_platforms", "cpu")
     devices = jax.devices("cpu")
     if len(devices) < count:
@@ -326,6 +350,7 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
                                               dict(mesh.shape)))
     program = compiled.as_text()
     traffic = hlo_text.step_traffic(program, dict(mesh.shape), ici, dcn)
+    dots = hlo_text.dot_flops(program)
     return Plan(
         experiment=experiment, hyperparameters=dict(hyperparameters or {}),
         mesh_shape=dict(mesh.shape), ici=ici, dcn=dcn,
@@ -337,7 +362,7 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
         upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
         compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
         num_layers=run.model_shape.num_layers, pipeline=run.pipeline,
-        dot_flops=hlo_text.dot_flops(program))
+        dot_flops=dots.total, recomputed_flops=dots.recomputed)
 
 
 def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.ModelShape,
