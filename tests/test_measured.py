@@ -58,3 +58,12 @@ def test_nothing_measured_takes_the_portable_path_and_says_so(context, portable)
 def test_a_malformed_row_is_refused_in_one_line():
     with pytest.raises(ValueError, match="lacks command"):
         measured.check_row({k: 1 for k in measured.ROW_FIELDS if k != "command"})
+
+
+def test_the_fastest_run_of_an_experiment_on_a_gpu():
+    # Three Llama1B remat policies and two earlier runs trained on one H200: the plan's
+    # speed section names the fastest by MFU (save_dot_with_no_batch_dims, 2026-11-27).
+    run = measured.fastest_run("Llama1B", "H200")
+    assert run["tokens_per_s"] == 56441 and "save_dot_with_no_batch_dims" in run["command"]
+    assert measured.fastest_run("Llama1B", "A100") is None
+    assert measured.fastest_run("NoSuchExperiment", "H200") is None

@@ -244,6 +244,11 @@ def test_estimate_terms_overlap_and_the_add_up_check_catches_a_dropped_term():
                                  **{**common, "activation_bytes": 0.0})
     assert alone.mfu == pytest.approx(efficiency.efficiency("a100", 4096, 8 * 2048))
     assert alone.dominant == "compute"
+    # Tensor parallelism: each device's share of the matmuls is a model half as wide's.
+    split = step_time.from_terms(model_flops=model / 2, recompute_flops=0.0, bubble=0.0,
+                                 comm=[], tensor_parallel=2, **common)
+    assert split.efficiency == pytest.approx(efficiency.efficiency("a100", 2048, 8 * 2048))
+    assert split.efficiency < alone.efficiency
     # The check is no tautology: an estimate that left a term out of its step fails it.
     for term in ("activations_s", "exposed_sync_s", "exposed_async_s", "bubble_s"):
         dropped = dataclasses.replace(e, step_s=e.step_s - getattr(e, term))

@@ -170,7 +170,7 @@ GROUPS: dict[str, dict[str, str]] = {
     "Planning (--mode=plan)": {
         "plan_device": "h100, h200, a100-80gb or a100-40gb",
         "plan_compiler": "auto, gpu (XLA:GPU, no GPU needed) or cpu (XLA:CPU)",
-        "plan_mfu": "the MFU the predicted step time assumes (0: the calibrated estimate)",
+        "plan_mfu": "an MFU to assume; 0: the calibrated estimate",
         "plan_device_memory_gb": "GB of --plan_device; 0: the table's",
         "plan_search": "search layouts on --plan_nodes nodes, ranked by step time",
         "plan_nodes": "nodes to search layouts on; 0: the experiment's",

@@ -79,16 +79,16 @@ RUNS = (
 # The two runs whose difference fits the recomputation share.
 POLICY_PAIR = (RUNS[4], RUNS[6])
 TABLE = "layers/gpu_measurements.json"
-DEVICE_NAMES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 BEST_WITHIN = 0.20
 PUBLISHED_WITHIN = 0.25
 
 
 def measured_tokens_per_s(run: Run, table: list[dict]) -> float:
     """The run's tokens/s, from the one row of the table that matches it."""
+    gpu = planning.DEVICE_KINDS[run.device].name.split()[0]  # "H200", as in "NVIDIA H200"
     found = [row for row in table
              if row.get("experiment") == run.experiment and row.get("batch") == f"{run.batch}x2048"
-             and row.get("device") == DEVICE_NAMES[run.device] and row.get("date") == run.date
+             and gpu in row.get("device", "") and row.get("date") == run.date
              and run.command in row.get("command", "") and row.get("tokens_per_s")]
     if len(found) != 1:
         raise UserError(f"{TABLE}: {len(found)} rows match {run.label} on {run.date} "

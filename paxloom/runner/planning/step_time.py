@@ -1,6 +1,6 @@
 """How long one train step of a compiled plan might take on its GPUs, term by term.
 
-    compute_s       = model FLOPs / (peak x eff)              eff(D, M): efficiency.py, MFU basis
+    compute_s       = model FLOPs / (peak x eff)              eff(D/t, M): efficiency.py, MFU basis
     recompute_s     = share x recomputed FLOPs / (peak x eff)   share: Calibration.recompute_share
     activations_s   = 2 x saved activation bytes / HBM bandwidth  (written forward, read back)
     t(collective)   = bytes sent / bandwidth of its links      links.py (ring factors in the bytes)
@@ -10,6 +10,9 @@
     busy_s          = compute + recompute + activations + exposed sync + exposed async
     bubble_s        = busy_s x b / (1 - b)                     b: the pipeline's idle share
     step_s          = busy_s + bubble_s
+
+eff reads the model's width D over its t tensor-parallel devices and the tokens M a
+device's matmuls take at a time (Plan.tokens_per_pass).
 
 Model FLOPs are PaLM's (6N + 12LHQT per token, Plan.flops_per_token), the basis the
 efficiency curve was fitted on; the compiled program's other matmuls (the one-hot
