@@ -85,6 +85,7 @@ def test_token_cache_goes_to_the_user_cache_when_the_data_is_not_writable(tmp_pa
     assert layout.default_cache_dir(files) == tmp_path / "cache" / "paxloom" / "tokenized"
 
 
+@pytest.mark.slow  # 27 s; make test keeps the TFDS reads above, make test-all this run
 @pytest.mark.process
 def test_main_trains_and_evaluates_from_tfds_data_dir_in_the_environment(tfds_data, tmp_path):
     data_dir, vocab, *_ = tfds_data
