@@ -57,8 +57,7 @@ class Estimate:
     # What the terms were computed from, for lines().
     calibration: efficiency.Calibration
     device_key: str = ""
-    model_dims: int = 0
-    width: float = 0.0  # the width eff reads: model_dims over the tensor-parallel devices
+    width: float = 0.0  # the width eff reads: the model's over the tensor-parallel devices
     tokens_per_pass: float = 0.0
     peak_flops: float = 0.0
     memory_bytes_per_s: float = 0.0
@@ -118,7 +117,7 @@ def from_terms(*, model_flops: float, recompute_flops: float, activation_bytes: 
         tokens_per_s=tokens_per_s, mfu=mfu,
         dominant=_dominant(compute_s, recompute_s, activations_s, comm, exposed_async_s,
                            bubble_s),
-        calibration=c, device_key=device_key, model_dims=model_dims, width=width,
+        calibration=c, device_key=device_key, width=width,
         tokens_per_pass=tokens_per_pass, peak_flops=kind.peak_flops,
         memory_bytes_per_s=kind.memory_bytes_per_s, efficiency=eff, model_flops=model_flops,
         recompute_flops=recompute_flops, activation_bytes=activation_bytes)
