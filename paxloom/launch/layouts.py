@@ -12,7 +12,7 @@ import math
 
 from paxloom.core import mesh_axes
 from paxloom.core.errors import UserError
-from paxloom.launch.plan import REMAT_LADDER
+from paxloom.launch.plan import REMAT_LADDER, fdl_flags
 from paxloom.runner.planning import links, step_time
 
 STAGE, REPLICA, DATA, CONTEXT, MDL = range(5)
@@ -102,15 +102,11 @@ class Layout:
     @property
     def flags(self) -> str:
         """`--fdl.NAME=VALUE` flags, ready to paste after --fdl_config."""
-        return " ".join(f"--fdl.{k}={_literal(v)}" for k, v in self.overrides().items())
+        return fdl_flags(self.overrides())
 
 
 def _number(value: float):
     return int(value) if float(value).is_integer() else value
-
-
-def _literal(value) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value).replace(" ", "")
 
 
 def factorizations(n: int, slots: int) -> list[tuple[int, ...]]:

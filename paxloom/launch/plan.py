@@ -45,7 +45,13 @@ class Change:
 
     @property
     def flags(self) -> str:
-        return " ".join(f"--fdl.{k}={_literal(v)}" for k, v in self.overrides.items())
+        return fdl_flags(self.overrides)
+
+
+def fdl_flags(overrides: dict) -> str:
+    """Hyperparameter overrides as `--fdl.NAME=VALUE` flags, ready to paste after
+    --fdl_config (strings quoted, lists without spaces)."""
+    return " ".join(f"--fdl.{name}={_literal(value)}" for name, value in overrides.items())
 
 
 def _literal(value) -> str:
