@@ -224,7 +224,7 @@ def speed_lines(exp, p: Plan, device: str, mfu: float = 0.0) -> list[str]:
         lines = [f"Speed on {p.num_devices} x {kind.name} (--plan_mfu=0.4 assumes an MFU "
                  f"instead)", *[f"  {line}" for line in step_time.lines(estimate)]]
     name = type(exp).__name__
-    gpu = kind.name.split()[0]
+    gpu = kind.chip
     run = measured.fastest_run(name, gpu)
     lines.append(f"  measured on {gpu}: " + (
         f"MFU {run['mfu']:.1%}, {run['tokens_per_s']:,} tokens/s a GPU at batch {run['batch']} "

@@ -85,7 +85,7 @@ PUBLISHED_WITHIN = 0.25
 
 def measured_tokens_per_s(run: Run, table: list[dict]) -> float:
     """The run's tokens/s, from the one row of the table that matches it."""
-    gpu = planning.DEVICE_KINDS[run.device].name.split()[0]  # "H200", as in "NVIDIA H200"
+    gpu = planning.DEVICE_KINDS[run.device].chip
     found = [row for row in table
              if row.get("experiment") == run.experiment and row.get("batch") == f"{run.batch}x2048"
              and gpu in row.get("device", "") and row.get("date") == run.date

@@ -49,6 +49,12 @@ class DeviceKind:
     gpus_per_node: int  # GPUs sharing one node's NVLink (paxloom/runner/planning/links.py)
     memory_bytes_per_s: float  # HBM bandwidth, the SXM datasheet's
 
+    @property
+    def chip(self) -> str:
+        """The GPU without its memory ("H200"), as the device names nvidia-smi and jax
+        report hold it ("NVIDIA H200")."""
+        return self.name.split()[0]
+
 
 def _kind(key: str, name: str, memory_mib: int, peak_key: str, hbm_tb_s: float) -> DeviceKind:
     return DeviceKind(name, memory_mib * 2**20, throughput.PEAK_FLOPS_BF16[peak_key],
@@ -77,7 +83,7 @@ def device_key(key: str) -> str:
 def target_device(key: str) -> TargetDevice:
     """The GPU `--plan_device=key` names, as the config builder targets it."""
     key = device_key(key)
-    return TargetDevice(platform="gpu", kind=DEVICE_KINDS[key].name.split()[0],
+    return TargetDevice(platform="gpu", kind=DEVICE_KINDS[key].chip,
                         compute_capability=gpu_target.TARGETS[key].compute_capability,
                         planned=True)
 
