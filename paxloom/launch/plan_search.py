@@ -133,9 +133,10 @@ def _start_worker(num_devices: int, compiler: str) -> None:
     planning.start(num_devices, compiler)
 
 
-def _plan_one(experiment: type, hyperparameters: dict, selection, graph_overrides: dict,
+def plan_one(experiment: type, hyperparameters: dict, selection, graph_overrides: dict,
               target, device: str, compiler: str, device_memory_gb: float):
-    """The portable plan of one layout, or the one-line reason it could not be planned."""
+    """The portable plan of the experiment class with these hyperparameters, or the
+    one-line reason it could not be planned."""
     from paxloom.launch import plan as launch_plan
     from paxloom.launch import resolve
 
@@ -151,7 +152,8 @@ def _plan_one(experiment: type, hyperparameters: dict, selection, graph_override
         return f"{type(error).__name__}: {first}"[:300]
 
 
-def _cache_key(exp, hyperparameters, graph_overrides, device, device_memory_gb, compiler):
+def cache_key(exp, hyperparameters, graph_overrides, device, device_memory_gb, compiler):
+    """The plan cache's key of one plan_one() call."""
     # XLA:CPU compiles the same program whatever the GPU's memory, with XLA_FLAGS' settings;
     # XLA:GPU compiles for the GPU's description, memory included.
     if compiler == "cpu":
@@ -168,30 +170,30 @@ def compile_rows(exp, rows: list[Row], selection, graph_overrides: dict, target,
     todo = []
     for row in rows:
         hyperparameters = {**exp.hyperparameters(), **row.layout.overrides()}
-        cache_key = _cache_key(exp, hyperparameters, graph_overrides, device,
-                               device_memory_gb, compiler)
-        found = plan_cache.get(cache_key) if cache else None
+        key = cache_key(exp, hyperparameters, graph_overrides, device, device_memory_gb,
+                        compiler)
+        found = plan_cache.get(key) if cache else None
         if found is not None:
             row.plan, row.cached = found, True
         else:
-            todo.append((row, hyperparameters, cache_key))
+            todo.append((row, hyperparameters, key))
     args = [(type(exp), hp, selection, graph_overrides, target, device, compiler,
              device_memory_gb) for _, hp, _ in todo]
     if workers <= 1 or len(todo) <= 1:
-        results = [_plan_one(*a) for a in args]
+        results = [plan_one(*a) for a in args]
     else:
         num_devices = rows[0].layout.num_devices
         with concurrent.futures.ProcessPoolExecutor(
                 min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker, initargs=(num_devices, compiler)) as pool:
-            results = list(pool.map(_plan_one, *zip(*args, strict=True)))
-    for (row, _, cache_key), result in zip(todo, results, strict=True):
+            results = list(pool.map(plan_one, *zip(*args, strict=True)))
+    for (row, _, key), result in zip(todo, results, strict=True):
         if isinstance(result, str):
             row.error = result
         else:
             row.plan = result
             if cache:
-                plan_cache.put(cache_key, result)
+                plan_cache.put(key, result)
 
 
 # ----- The search ----------------------------------------------------------------------------

@@ -33,8 +33,7 @@ from absl import flags
 import experiments
 from layers import measured as measured_table
 from paxloom.core.errors import UserError
-from paxloom.launch import layouts, plan_cache, resolve
-from paxloom.launch import plan as launch_plan
+from paxloom.launch import layouts, plan_cache, plan_search, resolve
 from paxloom.runner.planning import efficiency, gpu_target, step_time
 from paxloom.runner.planning import plan as planning
 from paxloom.tools import cli
@@ -104,13 +103,13 @@ def plan_run(run: Run) -> tuple[planning.Plan, int]:
                        "DCN_MESH_SHAPE": [1, 1, 1], "PERCORE_BATCH_SIZE": run.batch,
                        **dict(run.overrides)}
     exp = cls(**hyperparameters)
-    key = plan_cache.key(cls, hyperparameters, {}, device=run.device, device_memory_gb=0.0,
-                         compiler="gpu")
+    key = plan_search.cache_key(exp, hyperparameters, {}, run.device, 0.0, "gpu")
     found = plan_cache.get(key)
     if found is None:
-        config = resolve.experiment_graph(exp, resolve.Selection(), {},
-                                          planning.target_device(run.device))
-        found = launch_plan.plan(exp, config, compiler="gpu", device=run.device).portable()
+        found = plan_search.plan_one(cls, hyperparameters, resolve.Selection(), {},
+                                     planning.target_device(run.device), run.device, "gpu", 0.0)
+        if isinstance(found, str):
+            raise UserError(f"{run.label}: {found}")
         plan_cache.put(key, found)
     return found, exp.MODEL_DIMS
 
