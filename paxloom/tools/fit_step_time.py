@@ -24,7 +24,6 @@ the printed constants into efficiency.py.
 """
 
 import dataclasses
-import json
 import math
 import sys
 
@@ -82,7 +81,7 @@ BEST_WITHIN = 0.20
 PUBLISHED_WITHIN = 0.25
 
 
-def measured_tokens_per_s(run: Run, table: list[dict]) -> float:
+def measured_tokens_per_s(run: Run, table) -> float:
     """The run's tokens/s, from the one row of the table that matches it."""
     gpu = planning.DEVICE_KINDS[run.device].chip
     found = [row for row in table
@@ -245,7 +244,7 @@ def main(argv: list[str]) -> None:
         raise UserError(f"XLA:GPU's plugin is not installed (`make install` puts it in "
                         f"{gpu_target.plugin_dir()}); the runs are planned with it")
     planning.start(1, "gpu")
-    table = json.loads(measured_table.TABLE.read_text())
+    table = measured_table.rows()  # read and checked once, as 'auto' reads it
     measured = {run: measured_tokens_per_s(run, table) for run in RUNS}
     planned = {}
     for run in RUNS:
