@@ -1,10 +1,10 @@
 """--mode=plan (paxloom/launch/plan.py, paxloom/runner/planning/plan.py, paxloom/runner/planning/hlo_text.py): tiny plans on the 8 fake CPU devices,
 the fit verdict and its re-planned changes, and the plan against a real run."""
 
-import ctypes
 import dataclasses
-import gc
+import json
 import re
+import subprocess
 
 import jax
 import pytest
@@ -13,7 +13,9 @@ import experiments
 from paxloom.launch import plan
 from paxloom.runner.planning import hlo_text
 from paxloom.runner.planning import plan as planning
-from tests.support.processes import run_main
+from tests.support import step_growth
+from tests.support.paths import REPO_ROOT
+from tests.support.processes import PYTHON, TIMEOUT_S, run_main, session_env
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer
 
@@ -66,33 +68,23 @@ def test_tiny_plan_finds_each_collective_on_its_mesh_axis(measured_plan):
     assert gradients.sent_bytes == pytest.approx(gradients.buffer_bytes)  # 2(n-1)/n, n=2
 
 
+@pytest.mark.process
 def test_planned_program_is_the_one_that_runs_and_its_peak_matches(measured_plan, tmp_path):
-    trainer = make_trainer(tmp_path, **MEASURED)
-    state = trainer.init_state()
-    batch = trainer.to_device(trainer.make_train_input().next_batch())
-    with jax.set_mesh(trainer.mesh):
-        ran = trainer.train_step.lower(state, batch).compile()
-    # Python's collector stays off while the step runs: a collection then would free
-    # earlier tests' garbage (their arrays) before the step's peak, lowering the high-water
-    # mark by as much (CI once saw 0.76 of the plan, which this test alone never shows).
-    gc.disable()
-    try:
-        before = _resident_after_reset()
-        _, metrics = ran(state, batch)
-        jax.block_until_ready(metrics)
-        high_water = _peak_resident()
-    finally:
-        gc.enable()
-    assert _program(ran) == _program(measured_plan.compiled)
-    stats = ran.memory_analysis()
-    measured = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-                - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
-    assert measured == pytest.approx(measured_plan.memory.peak, rel=0.2)
-    if before is not None:
-        # Independently of XLA's analysis: the 8 devices' step grew this process by about
+    # In a fresh process (tests/support/step_growth.py): how much a step grows a process
+    # depends on what the process did before, and this one has run other tests.
+    env = session_env(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
+    out = subprocess.run([PYTHON, "-m", "tests.support.step_growth", json.dumps(MEASURED),
+                          str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                         cwd=REPO_ROOT, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ran = json.loads(out.stdout.splitlines()[-1])
+    assert ran["program"] == step_growth.program_digest(measured_plan.compiled)
+    assert ran["analysed_peak_bytes"] == pytest.approx(measured_plan.memory.peak, rel=0.2)
+    if ran["grown_bytes"] is not None:
+        # Independently of XLA's analysis: the 8 devices' step grew the process by about
         # what the plan says each needs beyond its state (XLA:CPU's kernels and in-process
         # collectives add scratch memory the analysis does not count, hence the upper slack).
-        grown = (high_water - before) / 8
+        grown = ran["grown_bytes"] / ran["devices"]
         planned = measured_plan.memory.peak - measured_plan.memory.arguments
         assert 0.8 * planned <= grown <= 1.5 * planned, (grown, planned)
 
@@ -228,46 +220,6 @@ def test_plan_user_errors_are_one_line():
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not split over mesh axes mdl" in lines[0], out.stderr
-
-
-def _program(compiled) -> list[str]:
-    """The compiled program's instructions without their source-location metadata."""
-    return [re.sub(r",? metadata=\{.*?\}(?=,|$)", "", line)
-            for line in compiled.as_text().splitlines() if " = " in line]
-
-
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-
-
-def _resident_after_reset() -> int | None:
-    """Current resident bytes, after resetting the high-water mark (None where Linux's
-    /proc/self/clear_refs is not writable)."""
-    # The step's buffers must come from fresh pages for the process to grow by them. glibc
-    # serves a large block from its heap, reusing what earlier tests freed, once its
-    # mmap threshold has risen with use (ratios of 0.6 to 1.5 seen in CI); a fixed threshold
-    # maps every block of 128 KiB or more anew, and malloc_trim hands back the freed heap.
-    gc.collect()  # earlier tests' garbage freed before the baseline, not during the step
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
-    libc.malloc_trim(0)
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return None
-    return _status("VmRSS")
-
-
-def _peak_resident() -> int:
-    return _status("VmHWM")
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def test_a_cudnn_run_plans_on_cpu_with_the_fused_kernels_memory():
