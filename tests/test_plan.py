@@ -4,7 +4,6 @@ the fit verdict and its re-planned changes, and the plan against a real run."""
 import dataclasses
 import json
 import re
-import subprocess
 
 import jax
 import pytest
@@ -14,8 +13,7 @@ from paxloom.launch import plan
 from paxloom.runner.planning import hlo_text
 from paxloom.runner.planning import plan as planning
 from tests.support import step_growth
-from tests.support.paths import REPO_ROOT
-from tests.support.processes import PYTHON, TIMEOUT_S, run_main, session_env
+from tests.support.processes import run_main, run_python, session_env
 from tests.support.tiny import TINY
 from tests.support.training import make_trainer
 
@@ -73,10 +71,8 @@ def test_planned_program_is_the_one_that_runs_and_its_peak_matches(measured_plan
     # In a fresh process (tests/support/step_growth.py): how much a step grows a process
     # depends on what the process did before, and this one has run other tests.
     env = session_env(JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
-    out = subprocess.run([PYTHON, "-m", "tests.support.step_growth", json.dumps(MEASURED),
-                          str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT_S,
-                         cwd=REPO_ROOT, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_python("-m", "tests.support.step_growth", json.dumps(MEASURED), str(tmp_path),
+                     env=env, check=True)
     ran = json.loads(out.stdout.splitlines()[-1])
     assert ran["program"] == step_growth.program_digest(measured_plan.compiled)
     assert ran["analysed_peak_bytes"] == pytest.approx(measured_plan.memory.peak, rel=0.2)
