@@ -10,4 +10,6 @@ nothing is imported here, so a test that starts processes pays for no jax import
 - data: small data in the real formats (the Pile, Lambada, TFDS, a user's corpus, vocabularies).
 - inference: job directories with a checkpoint, and praxis's forward pass as the reference.
 - pax_checkpoints: Pax checkpoints on disk, written as paxml 1.4.0 writes them.
+- step_growth: one train step in a fresh process, its resident memory's growth and program
+  (run with python -m).
 """
