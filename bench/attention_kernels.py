@@ -51,8 +51,7 @@ def reference(query, key, value, segment_ids):
 
 
 def pallas(query, key, value, segment_ids):
-    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-
+    pallas_attention = attention.jax_pallas_attention()
     groups = query.shape[2] // key.shape[2]
     key, value = (jnp.repeat(x, groups, axis=2) for x in (key, value))
     return pallas_attention.mha(query, key, value, segment_ids, sm_scale=1.0, causal=True,

@@ -9,7 +9,10 @@
 # out-of-memory error from XLA, and the next row still runs.
 #
 # The first run (`bash bench/gpu_check.sh`, 540 s), in this order:
-#   install     the carried wheels; jax, jaxlib, cuDNN and driver versions, the device
+#   install     the carried wheels; then, as its first lines, the versions found against the
+#               lock (constraints.txt) for the machine's jax, torch, ... and the carried
+#               wheels: a line per mismatch, else one line that all matched; then the jax,
+#               jaxlib, cuDNN and driver versions, the device
 #   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 against
 #               its PyTorch peer, then Llama1B, both with ATTENTION_IMPL=auto (tokens/s,
 #               MFU, peak memory)
@@ -144,6 +147,7 @@ part_install() {
         run install.log -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --upgrade --target "$SITE" "${wheels[@]}" || return
     fi
+    # The lock's lines first: they need no jax, so they are there even where jax does not start.
     run install.log bench/gpu_check_figures.py versions
 }
 

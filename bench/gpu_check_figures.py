@@ -2,7 +2,10 @@
 the table of paths measured on a GPU (layers/gpu_measurements.json, which ATTENTION_IMPL
 'auto' reads: layers/measured.py).
 
-- `versions`: the install part's line (jax, jaxlib, cuDNN, driver, devices).
+- `versions`: the install part's lines: first the installed version of each package a GPU
+  run needs against the lock (constraints.txt), a line per mismatch (else one line that all
+  matched); then jax, jaxlib, cuDNN, driver, devices.
+- `pins`: the lock's `name==version` of each wheel bench/gpu_wheels.sh carries.
 - `key PART OUT`: a part's key figure for the summary table. It exits 1 where the files
   show a failure that no exit status gave: a benchmark row with an error, a training or
   decode that left no result, a restart that compiled its train step instead of loading it
@@ -47,6 +50,11 @@ import xml.etree.ElementTree as ET
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 TABLE = REPO_ROOT / "layers" / "gpu_measurements.json"
+LOCK = REPO_ROOT / "constraints.txt"
+WHEELS = REPO_ROOT / "bench" / "gpu_wheels.sh"  # its CARRIED names: what .whl/ installs
+# What a GPU run takes from the machine's own image; the rest comes from .whl/ (WHEELS).
+GPU_IMAGE = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes",
+             "tensorboard", "sentencepiece", "tokenizers", "transformers", "torch", "pyarrow")
 TARGET_VS_TORCH = 1.0  # GPT126M with default settings over the PyTorch peer
 TARGET_LLAMA_MFU = 0.45
 TARGET_FP8_SPEEDUP = 1.2
@@ -82,6 +90,58 @@ def distribution(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "-"
+
+
+def canonical(name: str) -> str:
+    """PEP 503's spelling: case, and runs of - _ . alike."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def carried() -> list[str]:
+    """The names bench/gpu_wheels.sh downloads (its CARRIED array)."""
+    body = re.search(r"^CARRIED=\((.*?)^\)", WHEELS.read_text(), re.MULTILINE | re.DOTALL)
+    return [word for line in body.group(1).splitlines() for word in line.split("#")[0].split()]
+
+
+def locked(lock: str) -> dict[str, tuple[str, str]]:
+    """The lock's text (`name==version` lines): (its spelling, version) by canonical name."""
+    pins = (line.strip().partition("==") for line in lock.splitlines())
+    return {canonical(name): (name, pin) for name, _, pin in pins
+            if pin and not name.startswith("#")}
+
+
+def against_lock(lock: str, names: list[str], version=distribution) -> list[str]:
+    """A line for each of `names` not installed at the version that the lock's text `lock`
+    gives it, else one line saying how many matched."""
+    pins = locked(lock)
+    lines = []
+    for name in names:
+        want, found = pins.get(canonical(name), (name, None))[1], version(name)
+        if want is None:
+            lines.append(f"lock: {name} is not in constraints.txt")
+        elif found == "-":
+            lines.append(f"lock: {name} {want}, not installed")
+        elif found.split("+")[0] != want:  # a local label (torch's +cu130): the same release
+            lines.append(f"lock: {name} {want}, found {found}")
+    return lines or [f"lock: all {len(names)} checked packages match constraints.txt"]
+
+
+def carried_pins(lock: str) -> list[str]:
+    """`name==version` of each carried name, as the lock spells it (bench/gpu_wheels.sh
+    downloads these); Failed names the ones the lock lacks."""
+    pins = locked(lock)
+    missing = [name for name in carried() if canonical(name) not in pins]
+    if missing:
+        raise Failed(f"gpu_wheels.sh: {', '.join(missing)} not in constraints.txt")
+    return ["==".join(pins[canonical(name)]) for name in carried()]
+
+
+def lock_lines() -> list[str]:
+    """The machine's packages and the carried ones (installed beside them, on PYTHONPATH)
+    against the lock."""
+    names = list(GPU_IMAGE) + [n for n in carried() if canonical(n) not in
+                               {canonical(m) for m in GPU_IMAGE}]
+    return against_lock(LOCK.read_text(), names)
 
 
 def versions() -> str:
@@ -547,7 +607,9 @@ def record(outs: list[pathlib.Path], table: pathlib.Path = TABLE,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("versions", help="jax, jaxlib, cuDNN, driver, devices")
+    commands.add_parser("versions", help="the packages against the lock; jax, jaxlib, cuDNN, "
+                        "driver, devices")
+    commands.add_parser("pins", help="name==version of each wheel bench/gpu_wheels.sh carries")
     key = commands.add_parser("key", help="a part's key figure from its files in OUT")
     key.add_argument("part", choices=KEYS)
     key.add_argument("out", type=pathlib.Path)
@@ -561,6 +623,8 @@ def main() -> int:
                              help="the table to append to (default: %(default)s)")
     args = parser.parse_args()
     if args.command == "versions":
+        # The lock first: it needs no jax, so it is there even where jax does not start.
+        print("\n".join(lock_lines()), flush=True)
         print(versions())
         return 0
     skipped: list[str] = []
@@ -571,6 +635,8 @@ def main() -> int:
                 print(",\n".join(format_row(row) for row in found))
         elif args.command == "record":
             print(record(args.outs, args.table, skipped))
+        elif args.command == "pins":
+            print(" ".join(carried_pins(LOCK.read_text())))
         else:
             print(KEYS[args.part](args.out))
     except Failed as failure:

@@ -266,7 +266,7 @@ class MixtureOfExperts(Group):
                             f"Paxloom; use one of {', '.join(BACKENDS)}")
         if self.MOE_BACKEND == "tokamax" and not importlib.util.find_spec("tokamax"):
             raise UserError("MOE_BACKEND='tokamax': tokamax is not installed; pip install "
-                            "'.[moe]' (tokamax==0.0.12), or use MOE_BACKEND='ragged_dot'")
+                            "'.[moe]', or use MOE_BACKEND='ragged_dot'")
         if self.MOE_BACKEND == "tokamax":
             from importlib import metadata
 

@@ -49,8 +49,8 @@ except ModuleNotFoundError as _missing:
     from paxloom.core.errors import UserError
 
     raise UserError(f"{_missing.name} is not installed: it goes in without its stale pins, "
-                    f"pip install --no-deps -r requirements-nodeps.txt (a Paxloom clone's "
-                    f"file; `make install` does it)") from None
+                    f"pip install --no-deps -c constraints.txt -r requirements-nodeps.txt (a "
+                    f"Paxloom clone's files; `make install` does it)") from None
 from praxis import py_utils as _py_utils  # noqa: E402
 from praxis.layers import sharding as _sharding  # noqa: E402
 

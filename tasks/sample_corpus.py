@@ -42,6 +42,7 @@ import random
 import re
 import shutil
 import sys
+import warnings
 import zlib
 from pathlib import Path
 
@@ -103,7 +104,13 @@ def _documents() -> list[tuple[str, str, str]]:
             and getattr(m, "__module__", None) == module.__name__
         )
         for name, obj in members:
-            doc = inspect.getdoc(obj)
+            with warnings.catch_warnings():
+                # A deprecated member (typing.io) warns when read: it is no document.
+                warnings.simplefilter("error", DeprecationWarning)
+                try:
+                    doc = inspect.getdoc(obj)
+                except DeprecationWarning:
+                    continue
             if doc and len(doc) >= 200:
                 docs.append((f"doc:{name}", "PyDocstrings", doc.strip()))
     # The same docstring shows up under several names (aliases, re-exports); a

@@ -316,7 +316,7 @@ def _pyarrow(path):
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError:
-        raise UserError(f"reading {path} needs pyarrow: pip install pyarrow==26.0.1 (or, in "
+        raise UserError(f"reading {path} needs pyarrow: pip install pyarrow (or, in "
                         f"a Paxloom clone, pip install '.[text]')") from None
     return pyarrow
 

@@ -40,7 +40,7 @@ def _tokenizers(path):
         import tokenizers
     except ImportError:
         raise UserError(f"reading {path} needs the tokenizers package: pip install "
-                        "tokenizers==0.23.3 (or, in a Paxloom clone, pip install '.[text]')"
+                        "tokenizers (or, in a Paxloom clone, pip install '.[text]')"
                         ) from None
     return tokenizers
 

@@ -167,19 +167,22 @@ def loss(q, key, v, k_positions):
     out = flash_pallas.flash_attention(q, key, v, k_segments[:, :t], k_segments,
                                        k_positions[:, :t], k_positions)
     return out.astype(jnp.float32).sum()
-compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
-    spec(b, t, n, h), spec(b, s, k, h), spec(b, s, k, h), spec(b, s, dtype=jnp.int32)
-).lower(lowering_platforms=("cuda",)).compile()
-text = compiled.as_text()
-# ATTENTION_IMPL "pallas" without a context axis: jax's kernel with layers/attention.py's blocks.
-from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-from layers import attention
-def jax_kernel_loss(q, key, v, segments):
-    return pallas_attention.mha(q, key, v, segments, causal=True,
-                                block_sizes=attention.pallas_block_sizes(q)).sum()
-text += jax.jit(jax.grad(jax_kernel_loss, argnums=(0, 1, 2))).trace(
-    spec(b, t, n, h), spec(b, t, n, h), spec(b, t, n, h), spec(b, t, dtype=jnp.int32)
-).lower(lowering_platforms=("cuda",)).compile().as_text()
+# Pallas's Triton lowering reads the GPU's kind from the abstract mesh where no GPU is the
+# default device (jax 0.11).
+with jax.sharding.use_abstract_mesh(jax.sharding.Mesh([device], ("one",)).abstract_mesh):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(
+        spec(b, t, n, h), spec(b, s, k, h), spec(b, s, k, h), spec(b, s, dtype=jnp.int32)
+    ).lower(lowering_platforms=("cuda",)).compile().as_text()
+    # ATTENTION_IMPL "pallas" without a context axis: jax's kernel with layers/attention.py's
+    # blocks.
+    from layers import attention
+    pallas_attention = attention.jax_pallas_attention()
+    def jax_kernel_loss(q, key, v, segments):
+        return pallas_attention.mha(q, key, v, segments, causal=True,
+                                    block_sizes=attention.pallas_block_sizes(q)).sum()
+    text += jax.jit(jax.grad(jax_kernel_loss, argnums=(0, 1, 2))).trace(
+        spec(b, t, n, h), spec(b, t, n, h), spec(b, t, n, h), spec(b, t, dtype=jnp.int32)
+    ).lower(lowering_platforms=("cuda",)).compile().as_text()
 print(*(name for name in ("paxloom_flash_forward", "paxloom_flash_dq", "paxloom_flash_dkv",
                           "mha_forward", "mha_backward") if f'name = "{name}"' in text))
 """

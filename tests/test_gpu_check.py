@@ -427,6 +427,42 @@ def test_the_checks_rows_become_table_rows_recorded_once(tmp_path):
     assert "Traceback" not in done.stderr and table.read_text() == text
 
 
+def test_the_install_part_compares_the_versions_with_the_lock():
+    """The machine's packages and every carried one against constraints.txt: a line per
+    package off the lock, else one line; this environment has the lock's jax, and every
+    name gpu_wheels.sh carries is in the lock."""
+    lock = figures.LOCK.read_text()
+    carried = figures.carried()
+    assert {"praxis", "tokamax", "xprof", "pytest-timeout"} <= set(carried)
+    lines = figures.lock_lines()
+    assert not [line for line in lines if line.startswith("lock: jax ")
+                or "not in constraints.txt" in line], lines
+    assert figures.against_lock(lock, ["jax", "jaxlib"]) == [
+        "lock: all 2 checked packages match constraints.txt"]
+    # Another jax, a package not installed (spelled otherwise than the lock: PEP 503), a
+    # name the lock lacks.
+    doctored = re.sub(r"^jax==.*$", "jax==0.12.0", lock, flags=re.MULTILINE)
+    doctored += "no_such.Package==1.0\n"
+    assert figures.against_lock(doctored, ["jax", "jaxlib", "no-such-package", "nor-this"]) == [
+        f"lock: jax 0.12.0, found {figures.distribution('jax')}",
+        "lock: no-such-package 1.0, not installed", "lock: nor-this is not in constraints.txt"]
+    # What gpu_wheels.sh downloads: the lock's versions, and one line for a name it lacks.
+    assert "praxis==1.4.0" in figures.carried_pins(lock)
+    with pytest.raises(figures.Failed, match=r"^gpu_wheels.sh: tokamax not in constraints"):
+        figures.carried_pins(re.sub(r"^tokamax==.*$", "", lock, flags=re.MULTILINE))
+    # A CUDA build's local label is the lock's release.
+    assert figures.against_lock("torch==2.11.0\n", ["torch"], lambda name: "2.11.0+cu130") == [
+        "lock: all 1 checked packages match constraints.txt"]
+
+
+@pytest.mark.process
+def test_the_versions_command_prints_the_lock_lines_first():
+    done = run_figures("versions")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("lock: ") and lines[-1].startswith("jax "), done.stdout
+
+
 def test_record_refuses_a_malformed_row_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -30,8 +30,9 @@ def test_installed_package_trains_on_a_text_corpus(tmp_path):
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     pip = venv / "bin" / "pip"
-    run(pip, "install", "--quiet", f"{REPO_ROOT}[text]")
-    run(pip, "install", "--quiet", "--no-deps", "-r", REPO_ROOT / "requirements-nodeps.txt")
+    lock = ("--constraint", REPO_ROOT / "constraints.txt")  # the versions the suite runs on
+    run(pip, "install", "--quiet", *lock, f"{REPO_ROOT}[text]")
+    run(pip, "install", "--quiet", *lock, "--no-deps", "-r", REPO_ROOT / "requirements-nodeps.txt")
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

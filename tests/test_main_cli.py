@@ -150,10 +150,14 @@ def test_absl_logging_flags_and_pax_config_names_of_the_pax_scripts_are_accepted
 
 def orbax_info_lines(stderr: str) -> list[str]:
     """absl's INFO lines (`I1127 22:19:27.361772 1405 checkpoint_manager.py:557] ...`) that
-    name a module of orbax."""
+    name a module of orbax and none of Paxloom's (absl names the file only: orbax has a
+    prepare.py too, and Paxloom's tokenizing line comes from tasks/prepare.py)."""
     import orbax.checkpoint
 
-    modules = {path.name for path in Path(orbax.checkpoint.__file__).parent.rglob("*.py")}
+    ours = {path.name for package in ("paxloom", "experiments", "layers", "tasks")
+            for path in (REPO_ROOT / package).rglob("*.py")}
+    modules = {path.name for path in Path(orbax.checkpoint.__file__).parent.rglob("*.py")
+               } - ours
     return [line for line in stderr.splitlines()
             if (found := re.match(r"I\d{4} [\d:.]+ +\d+ (\w+\.py):\d+\] ", line))
             and found[1] in modules]

@@ -9,8 +9,8 @@ precision, on this process's first device). Prints, per prompt, the largest abso
 difference between the two models' logits over the prompt's positions, and whether their
 greedy continuations of --max_new_tokens tokens are the same; exits 1 when a difference is
 over --tolerance (1e-4 by default: float32 sums in another order) or a continuation
-differs, 2 (one line) for bad input. Needs transformers and torch
-(`pip install -r requirements-test.txt`).
+differs, 2 (one line) for bad input. Needs transformers and torch (the `[hf]` extra:
+`pip install '.[hf]'`; `make test` installs them).
 """
 
 import os

@@ -11,7 +11,8 @@ Not done without the GPU: autotuning (default GEMM and fusion configurations) an
 anything that needs the cuDNN library at compile time (the plan traces cuDNN and Pallas
 attention as a plain-JAX flash kernel).
 
-The plugin (jax-cuda12-pjrt and jax-cuda12-plugin, the jax release's own) is installed
+The plugin (jax-cuda13-pjrt and jax-cuda13-plugin of the locked jax's release, the XLA the
+GPU machines run: CUDA 13, cuDNN 9.19) is installed
 by `make install` into its own directory, `<venv>/xla-gpu-compiler`, not into the
 environment's site-packages: on a machine without a GPU driver its loader prints a line
 per CUDA stub whenever jax starts, and only a plan needs it. A plan puts that directory on
@@ -31,7 +32,7 @@ from paxloom.core.errors import UserError
 # Where `make install` puts the plugin (requirements-plan.txt); PAXLOOM_XLA_GPU_COMPILER
 # names another directory.
 PLUGIN_DIR = "xla-gpu-compiler"
-PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +100,9 @@ gpu_device_info {{
   registers_per_core_limit: 65536
   registers_per_block_limit: 65536
 }}
-runtime_version {{ major: 12 minor: 8 }}
+runtime_version {{ major: 13 minor: 0 }}
 platform_name: "CUDA"
-dnn_version_info {{ major: 9 minor: 8 }}
+dnn_version_info {{ major: 9 minor: 19 }}
 device_description_str: "{target.description}"
 """
 
