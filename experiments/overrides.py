@@ -8,7 +8,8 @@ Two kinds, told apart by the name:
   graph is built, as Fiddle's own `--fdl.` flags do in paxml.
 
 VALUE is a Python literal (8, 0.5, [1,8,1], "bfloat16"); a bare word is taken as a
-string where a string is expected. Every mistake is a one-line UserError.
+string where a string is expected, and a bool takes True/False, true/false, yes/no or 1/0
+in any case. Every mistake is a one-line UserError.
 """
 
 import ast
@@ -47,10 +48,31 @@ def literal(flag: str, raw: str, bare_word_ok: bool):
                         f"(e.g. 8, 0.5, [1,8,1], \"bfloat16\")") from None
 
 
+# What people type for a bool on a command line (lower-cased), beside Python's True/False.
+_BOOLEANS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def boolean(flag: str, raw: str, none_ok: bool = False):
+    """A bool field's VALUE: True/False, true/false, yes/no or 1/0 in any case (and None
+    where the field takes None); anything else is a one-line UserError."""
+    word = raw.strip()
+    if none_ok and word == "None":
+        return None
+    if word.lower() not in _BOOLEANS:
+        raise UserError(f"{flag}={raw}: not a bool; write True or False")
+    return _BOOLEANS[word.lower()]
+
+
 def hyperparameter_values(overrides: dict[str, str], declared: dict[str, type]) -> dict:
     """Raw strings -> Python values. A bare word (a path) is accepted for str hyperparameters."""
-    return {name: literal(f"--fdl.{name}", raw, declared.get(name) in (str, str | None, str | type))
-            for name, raw in overrides.items()}
+    values = {}
+    for name, raw in overrides.items():
+        flag, hint = f"--fdl.{name}", declared.get(name)
+        if hint in (bool, bool | None):
+            values[name] = boolean(flag, raw, none_ok=hint is not bool)
+        else:
+            values[name] = literal(flag, raw, hint in (str, str | None, str | type))
+    return values
 
 
 def apply_to_graph(config: fdl.Buildable, overrides: dict[str, str],
@@ -70,7 +92,8 @@ def apply_to_graph(config: fdl.Buildable, overrides: dict[str, str],
             raise UserError(f"{flag}: {path} is a {type(old).__name__} of "
                             f"{fdl.get_callable(old).__name__}, not a value; set one of its "
                             f"fields ({path}.NAME=VALUE){hint}")
-        value = literal(flag, raw, isinstance(old, str))
+        value = (boolean(flag, raw) if isinstance(old, bool) else
+                 literal(flag, raw, isinstance(old, str)))
         _check_type(flag, old, value)
         if isinstance(old, float) and isinstance(value, int):
             value = float(value)

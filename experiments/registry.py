@@ -1,6 +1,7 @@
 """The experiment registry: `@register` and lookup by `--fdl_config` name."""
 
 import importlib
+import inspect
 
 from paxloom.core.errors import UserError, near_matches
 
@@ -83,6 +84,26 @@ def experiments_in(module_name: str) -> dict[str, type]:
     return {f"{module_name}.{name}": value for name, value in sorted(vars(module).items())
             if isinstance(value, type) and issubclass(value, BaseExperiment)
             and value.__module__ == module.__name__}
+
+
+def summary(cls: type) -> str:
+    """The first sentence of `cls`'s docstring, whole (--list_experiments): up to the
+    first full stop that ends a sentence, one not inside brackets or backquotes ("Brown et
+    al. 2020", "(e.g. 8)") nor followed by more of a word ("46.7B", "configs.Pile5B"); the
+    first paragraph when none does."""
+    paragraph = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
+    depth, quoted = 0, False
+    for i, char in enumerate(paragraph):
+        if char == "`":
+            quoted = not quoted
+        elif not quoted and char in "([{":
+            depth += 1
+        elif not quoted and char in ")]}":
+            depth = max(depth - 1, 0)
+        elif (char in ".?!" and not depth and not quoted
+              and (i + 1 == len(paragraph) or paragraph[i + 1] == " ")):
+            return paragraph[:i + 1]
+    return paragraph
 
 
 def _import(module_name: str, fdl_config: str):

@@ -133,8 +133,8 @@ def _with_fp8(model, target: TargetDevice):
     """The template with FP8 matmuls (layers/fp8.py), where the target has FP8 tensor
     cores (compute capability 8.9: Ada, Hopper and newer); on a CPU, for tests, with a
     note that it is emulated. A plan for a GPU without them (an A100: --plan_device) is
-    refused as the run would be."""
-    if target.platform == "gpu" and not target.fp8_tensor_cores:
+    refused as the run would be; a graph only printed (--print_config) is not."""
+    if target.platform == "gpu" and not target.fp8_tensor_cores and not target.printed:
         if target.planned:
             raise UserError(f"USE_FP8=True needs FP8 tensor cores (Ada, Hopper or newer) and "
                             f"the planned {target.kind} has none: plan with "
@@ -171,7 +171,7 @@ def _with_attention_impl(exp, model, target: TargetDevice):
     try:
         impl = attention.resolve(choice, platform=platform, atten_dropout_prob=dropout,
                                  head_dim=exp.DIMS_PER_HEAD, context_shards=context_shards,
-                                 **settings)
+                                 device_checks=not target.printed, **settings)
         layer = transformer_layer_template(model.lm_tpl.stacked_transformer_tpl)
         attention.use_attention_impl(
             layer, impl, hopper_or_newer=hopper,

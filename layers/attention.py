@@ -391,13 +391,16 @@ def cudnn_packed_attention(query, key, value, segment_ids, max_segments: int = 0
 
 def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob: float,
             hopper_or_newer: bool = True, dtype: str = "bfloat16", head_dim: int = 64,
-            context_shards: int = 1, grouped_kv: bool = False) -> str:
+            context_shards: int = 1, grouped_kv: bool = False,
+            device_checks: bool = True) -> str:
     """The implementation to use for ATTENTION_IMPL=`impl` on `platform`; ValueError (one
     line) for a choice that cannot be exact or cannot run there. `hopper_or_newer`: the
     GPU has cuDNN's packed layout (compute capability 9.0+); `dtype`: FPROP_DTYPE;
     `context_shards`: the size of the mesh's context axis; `grouped_kv`: fewer key/value
-    heads than query heads. 'auto' on a GPU takes the fastest path a GPU has measured
-    working in this case (layers/measured.py); start_note says when it took none."""
+    heads than query heads; `device_checks=False`: a graph only to print, so what just the
+    devices decide (a GPU, a Hopper one) is not refused, the settings' own limits still are.
+    'auto' on a GPU takes the fastest path a GPU has measured working in this case
+    (layers/measured.py); start_note says when it took none."""
     if context_shards > 1:
         return _resolve_for_context(impl, atten_dropout_prob, context_shards, platform,
                                     case_of(packed_input, grouped_kv, dtype, True,
@@ -405,15 +408,18 @@ def resolve(impl: str, *, packed_input: bool, platform: str, atten_dropout_prob:
     if impl not in ("praxis", "auto") and atten_dropout_prob > 0:
         raise ValueError(f"ATTENTION_IMPL={impl!r} has no attention dropout; set "
                          f"ATTEN_DROPOUT_PROB=0 or use 'praxis'")
-    max_head_dim = 256 if hopper_or_newer else 128
+    # A graph only printed has no device to ask: its head dimension meets the newest GPUs' limit.
+    max_head_dim = 256 if hopper_or_newer or not device_checks else 128
     cudnn_problem = (
-        f"needs a GPU (this is {platform}); use 'xla' or 'praxis'" if platform != "gpu" else
+        f"needs a GPU (this is {platform}); use 'xla' or 'praxis'"
+        if platform != "gpu" and device_checks else
         f"needs FPROP_DTYPE bfloat16 or float16 (not {dtype}); use 'pallas'"
         if dtype not in ("bfloat16", "float16") else
         f"needs a head dimension that is a multiple of 8 and at most {max_head_dim} (not "
         f"{head_dim}); use 'pallas'" if head_dim % 8 or head_dim > max_head_dim else
         "masks packed rows only on Hopper or newer GPUs; use 'pallas', or "
-        "--fdl.PACKED_INPUT=False" if packed_input and not hopper_or_newer else None)
+        "--fdl.PACKED_INPUT=False"
+        if packed_input and not hopper_or_newer and device_checks else None)
     if impl == "auto":
         if atten_dropout_prob > 0 or platform != "gpu":
             return "praxis"

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         print(xla_flags.note(dropped), file=sys.stderr)
     xla_flags.check_host_device_count()
     if FLAGS.list_experiments:
-        return list_experiments()
+        return list_experiments(FLAGS.fdl_config)
 
     exp, selection = resolve.experiment(resolve.Selection(
         fdl_config=FLAGS.fdl_config, fdl_config_file=FLAGS.fdl_config_file, mode=FLAGS.mode,
@@ -68,7 +68,12 @@ def main(argv: list[str]) -> int:
         # the mesh has; the graph is built for the GPU planned for, not for this machine.
         target = target_device(FLAGS.plan_device)
         plan_compiler = plan.start(exp, FLAGS.plan_compiler)
-    elif not FLAGS.print_config:
+    elif FLAGS.print_config:
+        from paxloom.core.target import this_process
+
+        # Printed, not run: what only a GPU can run (cuDNN attention, FP8) is shown here too.
+        target = this_process(printed=True)
+    else:
         if not FLAGS.job_log_dir:
             raise UserError("--job_log_dir is required (where the config, TensorBoard events "
                             "and checkpoints go)")
@@ -95,18 +100,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def list_experiments() -> int:
-    """The registered experiments, or with --fdl_config=MODULE those of a user's module."""
+def list_experiments(module: str | None) -> int:
+    """The registered experiments, or with --fdl_config=MODULE those of a user's module,
+    each with the first sentence of its docstring, wrapped under its own column."""
+    import textwrap
+
     import experiments
 
-    found = (experiments.registry.experiments_in(FLAGS.fdl_config) if FLAGS.fdl_config else
+    found = (experiments.registry.experiments_in(module) if module else
              {f"experiments.{name}": cls for name, cls in experiments.registered().items()})
     if not found:
-        raise UserError(f"--fdl_config={FLAGS.fdl_config} defines no experiment (a subclass "
+        raise UserError(f"--fdl_config={module} defines no experiment (a subclass "
                         f"of experiments.base.BaseExperiment)")
+    column = max(map(len, found)) + 1
     for name, cls in found.items():
-        summary = (cls.__doc__ or "").strip().splitlines()[0:1]
-        print(f"{name:<28} {summary[0] if summary else ''}")
+        print(textwrap.fill(experiments.registry.summary(cls), width=max(100, column + 40),
+                            initial_indent=f"{name:<{column}}",
+                            subsequent_indent=" " * column, break_on_hyphens=False,
+                            break_long_words=False) or name)
     return 0
 
 

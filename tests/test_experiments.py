@@ -1,5 +1,7 @@
 """Registry, hyperparameter declarations, override parsing and their error messages."""
 
+import dataclasses
+import re
 import sys
 import textwrap
 
@@ -177,6 +179,35 @@ def test_every_experiment_documents_its_command():
         assert "python main.py --fdl_config=experiments." + name in (cls.__doc__ or ""), name
 
 
+@pytest.mark.parametrize("doc,sentence", [
+    ("Llama 3.1 8B shape (RoPE theta 500000,\n    a 128256-token vocabulary).\n    More.",
+     "Llama 3.1 8B shape (RoPE theta 500000, a 128256-token vocabulary)."),
+    ("GPT-3 XL's width (Brown et al. 2020). Not Pax's.", "GPT-3 XL's width (Brown et al. 2020)."),
+    ("46.7B parameters, as configs.Pile5B and `a = b. c` say. More.",
+     "46.7B parameters, as configs.Pile5B and `a = b. c` say."),
+    ("No full stop\n\nA second paragraph.", "No full stop"),
+    (None, ""),
+])
+def test_summary_is_the_docstrings_whole_first_sentence(doc, sentence):
+    assert registry.summary(type("Exp", (), {"__doc__": doc})) == sentence
+
+
+def test_list_experiments_shows_each_first_sentence_whole(capsys):
+    from paxloom.main import list_experiments
+
+    assert list_experiments(None) == 0
+    listed = capsys.readouterr().out
+    # Wrapped under the names' column: a continuation line starts with spaces.
+    entries = re.split(r"\n(?=experiments\.)", listed.strip())
+    for entry, (name, cls) in zip(entries, registry.registered().items(), strict=True):
+        shown_name, _, text = " ".join(entry.split()).partition(" ")
+        assert shown_name == f"experiments.{name}"
+        assert text == registry.summary(cls) and text.endswith("."), name
+    for cut in ("RoPE theta 500000 with its \"llama3\" scaling", "split 8 ways"):
+        assert cut in " ".join(listed.split())
+    assert max(map(len, listed.splitlines())) <= 100
+
+
 def test_unknown_experiment_names_near_match():
     with pytest.raises(UserError, match="no experiment named GPT5X.*did you mean GPT5B"):
         experiments.resolve("experiments.GPT5X")
@@ -223,6 +254,31 @@ def test_bare_word_is_accepted_for_string_hyperparameters_only():
         "FPROP_DTYPE": "bfloat16"}
     with pytest.raises(UserError, match=r"--fdl.NUM_LAYERS=abc: not a Python literal"):
         overrides.hyperparameter_values({"NUM_LAYERS": "abc"}, declared)
+
+
+@pytest.mark.parametrize("raw,value", [
+    ("True", True), ("False", False), ("true", True), ("FALSE", False), ("yes", True),
+    ("No", False), ("1", True), ("0", False)])
+def test_bool_overrides_take_what_a_user_types(raw, value):
+    declared = BaseExperiment.hyperparameter_types()
+    assert overrides.hyperparameter_values({"USE_FP8": raw}, declared) == {"USE_FP8": value}
+    config = experiments.resolve("experiments.Tiny")().run_config()
+    overrides.apply_to_graph(config, {"model.lm_tpl.packed_input": raw})
+    assert config.model.lm_tpl.packed_input is value
+    # A user's `bool | None` hyperparameter also takes None.
+    assert overrides.hyperparameter_values({"MINE": raw}, {"MINE": bool | None}) == {"MINE": value}
+    assert overrides.hyperparameter_values({"MINE": "None"}, {"MINE": bool | None}) == {"MINE": None}
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", '"yes"', "", "None"])
+def test_other_bool_overrides_are_one_line_naming_true_or_false(raw):
+    declared = BaseExperiment.hyperparameter_types()
+    with pytest.raises(UserError) as info:
+        overrides.hyperparameter_values({"USE_FP8": raw}, declared)
+    assert str(info.value) == f"--fdl.USE_FP8={raw}: not a bool; write True or False"
+    with pytest.raises(UserError, match=r"^--fdl.model.lm_tpl.packed_input=.*write True or False$"):
+        overrides.apply_to_graph(experiments.resolve("experiments.Tiny")().run_config(),
+                                 {"model.lm_tpl.packed_input": raw})
 
 
 def test_override_without_value_is_an_error():
@@ -393,3 +449,49 @@ def test_print_config_lists_as_applying_only_what_the_graph_reads(name):
     if "USE_BIAS" in applying:
         assert layer.tr_atten_tpl.use_bias == exp.USE_BIAS, name
     assert not set(applying) & set(exp.unused_hyperparameters()), name
+
+
+def _printed_or_refused(name: str, values: dict[str, str], target) -> str:
+    """What main.py --print_config does with --fdl.NAME=VALUE `values`, built for `target`:
+    the printed report, or the one-line refusal."""
+    from paxloom.launch import record, resolve
+
+    try:
+        exp, selection = resolve.experiment(resolve.Selection(fdl_config=name), values)
+        return record.config_report(exp, resolve.run_graph(exp, selection, {}, target))
+    except UserError as error:
+        return f"refused: {error}"
+
+
+@pytest.mark.parametrize("name", sorted(registry.registered()))
+def test_print_config_on_a_cpu_shows_what_only_a_gpu_runs(name):
+    """--print_config builds the graph to show it, not to run it: on this CPU it prints every
+    experiment, with ATTENTION_IMPL='cudnn' wherever a plan for an H100 takes it; what the
+    settings themselves rule out (float32 for cuDNN, GLaM's position biases) is refused as
+    the plan refuses it."""
+    from paxloom.core.target import this_process
+    from paxloom.runner.planning.plan import target_device
+
+    printed = this_process(printed=True)
+    assert printed.platform == "cpu"
+    default = _printed_or_refused(f"experiments.{name}", {}, printed)
+    assert not default.startswith("refused"), default
+    cudnn = {"ATTENTION_IMPL": '"cudnn"'}
+    shown = _printed_or_refused(f"experiments.{name}", cudnn, printed)
+    planned = _printed_or_refused(f"experiments.{name}", cudnn, target_device("h100"))
+    if planned.startswith("refused"):
+        assert shown == planned
+    else:
+        assert "ATTENTION_IMPL = 'cudnn'" in shown, shown
+        assert "attention_impl: str = 'cudnn'" in shown
+
+
+def test_print_config_shows_fp8_for_a_gpu_without_fp8_tensor_cores():
+    """Printing is not refused for lack of FP8 tensor cores (an A100's); running there is."""
+    from paxloom.core.target import TargetDevice
+
+    a100 = TargetDevice(platform="gpu", kind="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0))
+    fp8 = {"USE_FP8": "True"}
+    assert "USE_FP8 = True" in _printed_or_refused("experiments.Tiny", fp8,
+                                                   dataclasses.replace(a100, printed=True))
+    assert "needs FP8 tensor cores" in _printed_or_refused("experiments.Tiny", fp8, a100)

@@ -73,6 +73,11 @@ def test_list_experiments_and_print_config():
     assert "PERCORE_BATCH_SIZE = 4" in shown.stdout
     assert "ICI_MESH_SHAPE = [1, 8, 1]" in shown.stdout
     assert "model.lm_tpl.stacked_transformer_tpl" in shown.stdout  # the Fiddle graph
+    # Printed, not run: a setting only a GPU runs is shown on this CPU.
+    shown = run_main("--fdl_config=experiments.GPT126M", '--fdl.ATTENTION_IMPL="cudnn"',
+                     "--print_config")
+    assert shown.returncode == 0, shown.stderr
+    assert "ATTENTION_IMPL = 'cudnn'" in shown.stdout
 
 
 def entry_point_command(*args: str) -> list[str]:

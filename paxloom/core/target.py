@@ -1,6 +1,7 @@
 """The devices a run's graph is built for, determined once: this process's devices, or the
 GPU that --mode=plan plans for without one. The config builder reads it to choose the
-attention kernel and to refuse FP8 where there are no FP8 tensor cores."""
+attention kernel and to refuse FP8 where there are no FP8 tensor cores (unless the graph is
+only printed: --print_config)."""
 
 import dataclasses
 
@@ -11,6 +12,9 @@ class TargetDevice:
     kind: str  # e.g. "NVIDIA H100 80GB HBM3"
     compute_capability: tuple[int, ...] = (0,)  # the oldest device's; (0,) off GPUs
     planned: bool = False  # compiled for (--mode=plan), not run on
+    # Built to be printed (--print_config), neither run nor compiled: settings that only
+    # a GPU can run (cuDNN attention, FP8) are shown, not refused, on any machine.
+    printed: bool = False
 
     @property
     def hopper_or_newer(self) -> bool:
@@ -35,8 +39,8 @@ def of_devices(devices) -> TargetDevice:
                         compute_capability=min(compute_capability(d) for d in devices))
 
 
-def this_process() -> TargetDevice:
-    """This process's devices (starts jax's backends)."""
+def this_process(printed: bool = False) -> TargetDevice:
+    """This process's devices (starts jax's backends); `printed`: for --print_config."""
     import jax
 
-    return of_devices(jax.devices())
+    return dataclasses.replace(of_devices(jax.devices()), printed=printed)

@@ -13,6 +13,7 @@ import jax
 from layers import measured
 from paxloom.core import batch, mesh_axes
 from paxloom.core.errors import UserError
+from paxloom.core.log import format_duration, log
 from paxloom.runner.planning import plan as planning
 from paxloom.runner.planning import step_time
 from paxloom.runner.planning.plan import DEVICE_KINDS, Plan, fits, memory_budget, verdict
@@ -166,6 +167,7 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
     built `config`, to re-plan the changes that would fit; `compiler` is start()'s."""
     began = time.perf_counter()
     p = plan(exp, config, compiler=compiler, device=device, device_memory_gb=device_memory_gb)
+    first_plan_s = time.perf_counter() - began
     chosen = DEVICE_KINDS[device]
     budget = memory_budget(chosen, device_memory_gb)
     lines = planning.report_lines(p)
@@ -187,6 +189,14 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
                       f"--job_log_dir=runs/NAME"]
     else:
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
+        # Each re-plan builds and compiles the step again, as long as the first plan took:
+        # minutes in all for a large model, which would otherwise pass without a word.
+        count = sum(map(len, candidate_changes(p).values()))
+        if count:
+            log(f"note: the plan does not fit {chosen.name}; planning up to {count} "
+                f"alternative{'s' if count > 1 else ''} now, at most about "
+                f"{format_duration(count * first_plan_s)} ({first_plan_s:.0f}s each, as "
+                f"long as the first plan took)")
         fitting = []
         for kind, tried in find_changes(exp, p, budget, variant_graph,
                                         device_memory_gb).items():
