@@ -1,6 +1,8 @@
 """What several datasets build into their graphs: the checked tokenizer, the required data
 directory, and Lambada's evaluation (Pax's LAMBADA eval) over DIR/lambada."""
 
+import os
+
 import fiddle as fdl
 
 from paxloom.core import errors
@@ -30,12 +32,23 @@ def lambada_evaluation(settings: DataSettings, data_dir, tokenizer, max_examples
                                seq_len=settings.seq_len, max_examples=max_examples))
 
 
-def required_data_dir(data_dir) -> str:
+def required_data_dir(data_dir, dataset: str = "pile") -> str:
+    """--data_dir, which `dataset` ("pile": The Pile's layout, "text": your own files) reads:
+    a one-line error naming the flag when it is unset or names nothing."""
+    if dataset == "text":
+        what = "your data files (a directory, a file or a glob)"
+    else:
+        what = ("a directory with pile/ and lambada/ (python scripts_gpu/download_the_pile.py "
+                "--data_dir DIR)")
     if not data_dir:
-        raise UserError("DATASET='pile' needs --data_dir (or --tfds_data_dir) naming a directory "
-                        "with pile/ and lambada/ (python scripts_gpu/download_the_pile.py "
-                        "--data_dir DIR); --fdl.DATASET=\"sample\" trains on the built-in corpus")
-    return str(data_dir)
+        raise UserError(f"DATASET={dataset!r} needs --data_dir (or --tfds_data_dir) naming "
+                        f"{what}; --fdl.DATASET=\"sample\" trains on the built-in corpus")
+    data_dir = str(data_dir)
+    # Checked here, where the path is known to be the flag's: a file reader further on
+    # could only say that some file is missing. A glob is left to the reader to expand.
+    if not os.path.exists(os.path.expanduser(data_dir)) and not any(c in data_dir for c in "*?["):
+        raise UserError(f"--data_dir={data_dir}: no such directory; point --data_dir at {what}")
+    return data_dir
 
 
 def check_files(find, data_dir, switch: str) -> None:

@@ -100,7 +100,7 @@ class TextFiles:
     @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
     def _nodes(self, settings: DataSettings):
         """(train files, tokenizer) nodes, shared by every input so each is built once."""
-        train = self.train or fdl.Config(required_data_dir, settings.data_dir)
+        train = self.train or fdl.Config(required_data_dir, settings.data_dir, "text")
         return (fdl.Config(expand_files, train),
                 fdl.Config(vocabulary, vocab_path=self.tokenizer_path or settings.vocab_path,
                            vocab_size=settings.vocab_size,

@@ -511,7 +511,9 @@ def _expand_one(spec: str) -> list[Path]:
                             f"in {_SUPPORTED}")
         return found
     if not path.is_file():
-        raise UserError(f"the data file {path} does not exist; check the path")
+        # A name with no extension (or a trailing /) was meant as a directory of files.
+        what = "directory" if not path.suffix or spec.endswith("/") else "file"
+        raise UserError(f"the data {what} {path} does not exist; check the path")
     if suffix_of(path) is None:
         raise UserError(f"{path} is not a supported data file; the names that can be read end "
                         f"in {_SUPPORTED}")

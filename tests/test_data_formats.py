@@ -209,6 +209,9 @@ def test_expand_files_globs_dirs_and_lists(tmp_path):
         expand_files(tmp_path / "empty")
     with pytest.raises(UserError, match=r"the data file .*nope\.jsonl does not exist"):
         expand_files(tmp_path / "nope.jsonl")
+    # A name with no extension was meant as a directory.
+    with pytest.raises(UserError, match=r"the data directory .*/nope does not exist"):
+        expand_files(tmp_path / "nope")
     with pytest.raises(UserError, match="no data files given"):
         expand_files([])
 

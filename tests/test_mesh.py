@@ -1,10 +1,13 @@
 """Mesh layout and the Pax global-batch rules on 8 fake CPU devices."""
 
+import re
+
 import jax
 import pytest
 
 from paxloom.core import batch
 from paxloom.core.errors import UserError
+from paxloom.core.mesh_axes import full_shape
 from paxloom.runner.cluster import mesh as mesh_lib
 
 
@@ -42,6 +45,36 @@ def test_wrong_product_names_count_and_suggests_a_shape():
     with pytest.raises(UserError, match=r"covers 1 device, but this job has 8 .* gives each "
                                         r"process 1 device$"):
         mesh_lib.create_mesh([1, 1, 1], [1, 1, 1])
+
+
+@pytest.mark.parametrize("ici, devices, suggested", [
+    ([1, 16, 1], 8, "[1,8,1]"),  # FSDP stays FSDP
+    ([1, 1, 16], 8, "[1,1,8]"),
+    ([2, 2, 2], 4, "[1,2,2]"),  # data parallelism gives way before FSDP and tensor parallelism
+    ([1, 4, 2], 4, "[1,2,2]"),  # the largest axis shrinks
+    ([2, 3, 1], 8, "[2,4,1]"),
+    ([2, 1, 2, 2], 4, "[2,1,1,2]"),  # four entries: the stages are kept
+    ([1, 1, 2, 4, 1], 4, "[1,1,2,2,1]"),  # five: so is the context axis
+    ([1, 1, 1], 8, "[8,1,1]"),  # no axis to scale: data parallelism
+])
+def test_wrong_product_suggests_the_nearest_shape(ici, devices, suggested):
+    with pytest.raises(UserError) as info:
+        mesh_lib.create_mesh(ici, [1, 1, 1], devices=jax.devices()[:devices])
+    # DCN is written in as many entries as the suggested ICI shape.
+    dcn = "[" + ",".join(["1"] * suggested.count(",")) + ",1]"
+    assert (f"try --fdl.ICI_MESH_SHAPE={suggested} --fdl.DCN_MESH_SHAPE={dcn}"
+            in str(info.value)), info.value
+    # main.py hands create_mesh five-entry shapes: the suggestion is written as short.
+    with pytest.raises(UserError, match=f"try --fdl.ICI_MESH_SHAPE={re.escape(suggested)} "):
+        mesh_lib.create_mesh(full_shape(ici), [1] * 5, devices=jax.devices()[:devices])
+
+
+def test_wrong_product_across_processes_keeps_a_dcn_shape_that_fits():
+    # 2 processes x 4 devices: a DCN shape over the processes stays, ICI fits each process.
+    error = mesh_lib._size_error([1, 8, 1], [1, 2, 1], jax.devices(), num_processes=2)
+    assert "try --fdl.ICI_MESH_SHAPE=[1,4,1] --fdl.DCN_MESH_SHAPE=[1,2,1]" in str(error)
+    error = mesh_lib._size_error([1, 4, 1], [1, 4, 1], jax.devices(), num_processes=2)
+    assert "try --fdl.ICI_MESH_SHAPE=[1,4,1] --fdl.DCN_MESH_SHAPE=[1,2,1]" in str(error)
 
 
 def test_dcn_must_match_process_count():

@@ -115,6 +115,23 @@ def test_plans_without_the_plugin_say_so_in_one_line():
         lines[0] and "--plan_compiler=cpu" in lines[0], out.stderr
 
 
+def test_the_plugins_directory_is_on_the_path_only_while_jax_starts(tmp_path, monkeypatch):
+    """Left on sys.path, the directory would reach --plan_search's spawned workers, whose
+    `import jax` then loads the plugin's CUDA modules: a "cudart_stub.cc ... Could not find
+    cuda drivers" line from each on a machine without CUDA."""
+    import sys
+
+    import jax
+
+    monkeypatch.setenv("PAXLOOM_XLA_GPU_COMPILER", str(tmp_path))
+    monkeypatch.setenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    monkeypatch.setattr(gpu_target, "_plugin_importable", lambda: False)
+    seen = []
+    monkeypatch.setattr(jax, "devices", lambda *_: seen.append(str(tmp_path) in sys.path))
+    gpu_target.start_jax()
+    assert seen == [True] and str(tmp_path) not in sys.path
+
+
 # XLA:GPU's async collectives, as a compiled H100 program prints them (trimmed), on a
 # replica=2 x data=2 x mdl=2 mesh.
 ASYNC_HLO = """\

@@ -112,6 +112,20 @@ def test_text_files_take_the_command_lines_data_dir_and_tokenizer(tmp_path, toke
     assert run.tokenizer.path == tokenizers["tokenizer.json"]
 
 
+@pytest.mark.parametrize("dataset, hint", [
+    ("text", "point --data_dir at your data files"),
+    ("pile", "point --data_dir at a directory with pile/ and lambada/"),
+])
+def test_a_data_dir_that_does_not_exist_names_the_flag(tmp_path, tokenizers, dataset, hint):
+    exp = experiments.BaseExperiment(**{**TINY, "DATASET": dataset})
+    config = exp.run_config(data_dir=str(tmp_path / "wrong"),
+                            vocab_path=str(tokenizers["sentencepiece"]))
+    with pytest.raises(UserError, match=rf"^--data_dir=\S+/wrong: no such directory; {hint}"):
+        pax_fiddle.build(config)
+    with pytest.raises(UserError, match=rf"^DATASET='{dataset}' needs --data_dir"):
+        pax_fiddle.build(exp.run_config(vocab_path=str(tokenizers["sentencepiece"])))
+
+
 @pytest.mark.parametrize("how", ["fraction", "files"])
 def test_a_validation_split_of_text_from_the_command_line(tmp_path, tokenizers, how):
     """DATASET="text" validates, without code, on a held-out share of the training documents

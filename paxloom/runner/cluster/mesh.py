@@ -37,7 +37,7 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     num_devices = len(devices)
     ici, dcn = full_shape(ici_mesh_shape), full_shape(dcn_mesh_shape)
     if math.prod(ici) * math.prod(dcn) != num_devices:
-        raise _size_error(ici, dcn, devices, num_processes)
+        raise _size_error(ici_mesh_shape, dcn_mesh_shape, devices, num_processes)
     if num_processes == 1:
         if math.prod(dcn) != 1:
             raise _dcn_error(dcn_mesh_shape, num_processes)
@@ -53,21 +53,71 @@ def create_mesh(ici_mesh_shape, dcn_mesh_shape, devices=None) -> Mesh:
     return Mesh(_hybrid(ici, dcn, nodes), MESH_AXIS_NAMES)
 
 
-def _size_error(ici: list[int], dcn: list[int], devices: list, num_processes: int) -> UserError:
+def _size_error(ici_mesh_shape, dcn_mesh_shape, devices: list, num_processes: int) -> UserError:
     """The mesh does not cover this job's devices: the shapes as the user writes them (three
-    entries when there is one stage and no context axis), a shape that fits, and on CPU how
-    to get more."""
-    ici, dcn = written_shapes(ici, dcn)
+    entries when there is one stage and no context axis), the shapes nearest them that fit,
+    and on CPU how to get more."""
+    ici, dcn = written_shapes(ici_mesh_shape, dcn_mesh_shape)
     wanted, num_devices = math.prod(ici) * math.prod(dcn), len(devices)
     per_process = num_devices // num_processes
+    # A DCN shape that already spans the processes is kept, so only ICI is off.
+    fit_dcn = (full_shape(dcn_mesh_shape) if math.prod(dcn) == num_processes
+               else _nearest_shape(dcn_mesh_shape, num_processes))
+    fit_ici = _nearest_shape(ici_mesh_shape, num_devices // math.prod(fit_dcn))
+    fit_ici, fit_dcn = written_shapes(fit_ici, fit_dcn)
     cpu = (f"; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} gives each "
            f"process {_count(wanted, 'device')}"
            if devices[0].platform == "cpu" and num_processes == 1 else "")
     return UserError(
         f"ICI_MESH_SHAPE={ici} x DCN_MESH_SHAPE={dcn} covers {_count(wanted, 'device')}, but "
         f"this job has {num_devices} ({_count(num_processes, 'process')} x {per_process}); try "
-        f"--fdl.ICI_MESH_SHAPE=[{per_process},1,1] --fdl.DCN_MESH_SHAPE=[{num_processes},1,1]"
+        f"--fdl.ICI_MESH_SHAPE={_flag(fit_ici)} --fdl.DCN_MESH_SHAPE={_flag(fit_dcn)}"
         f"{cpu}")
+
+
+# When several shapes are as near, the axis changed is the first of these: data parallelism
+# changes nothing but the batch, while the context and stage counts must divide the
+# sequence and the layers.
+_CHANGE_FIRST = ("replica", "data", "mdl", "context", "stage")
+
+
+def _nearest_shape(mesh_shape, size: int) -> list[int]:
+    """`mesh_shape` over MESH_AXIS_NAMES with its non-1 axes rescaled to cover `size`
+    devices: the fewest of those axes dropped to 1, then the smallest change (by factors),
+    made on the largest axes, then on the fewest; pure data parallelism when the shape has
+    no axis above 1."""
+    shape = full_shape(mesh_shape)
+    axes = [i for i, n in enumerate(shape) if n > 1]
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+
+    def splits(n: int, k: int):  # every way to write n as an ordered product of k factors
+        if k == 1:
+            yield (n,)
+            return
+        for f in divisors:
+            if n % f == 0:
+                for rest in splits(n // f, k - 1):
+                    yield (f, *rest)
+
+    def cost(factors):
+        old = [shape[i] for i in axes]
+        change = [abs(math.log2(new / was)) for new, was in zip(factors, old, strict=True)]
+        changed = sorted(_CHANGE_FIRST.index(MESH_AXIS_NAMES[i])
+                         for i, c in zip(axes, change, strict=True) if c)
+        return (sum(new == 1 for new in factors), round(sum(change), 9),
+                -sum(c * was for c, was in zip(change, old, strict=True)), len(changed), changed)
+
+    if not axes:
+        axes = [MESH_AXIS_NAMES.index("replica")]
+    best = min(splits(size, len(axes)), key=cost)
+    for i, n in zip(axes, best, strict=True):
+        shape[i] = n
+    return shape
+
+
+def _flag(shape) -> str:
+    """A shape as a --fdl flag writes it: [1,8,1]."""
+    return "[" + ",".join(str(n) for n in shape) + "]"
 
 
 def _count(n: int, noun: str) -> str:

@@ -16,8 +16,8 @@ GPU machines run: CUDA 13, cuDNN 9.19) is installed
 by `make install` into its own directory, `<venv>/xla-gpu-compiler`, not into the
 environment's site-packages: on a machine without a GPU driver its loader prints a line
 per CUDA stub whenever jax starts, and only a plan needs it. A plan puts that directory on
-the import path before jax starts its backends (on a GPU machine whose jax already has a
-CUDA plugin, that one is used).
+the import path while jax starts its backends, and takes it off after (on a GPU machine
+whose jax already has a CUDA plugin, that one is used).
 """
 
 import contextlib
@@ -140,7 +140,8 @@ def _quiet_stderr():
 def start_jax() -> None:
     """Start jax's backends with the CUDA plugin registered and only the CPU platform in use
     (a plan never touches a GPU, even on a GPU machine). Call before jax has started."""
-    if not _plugin_importable():
+    added = not _plugin_importable()
+    if added:
         sys.path.append(plugin_dir())
     # The plugin checks the installed CUDA libraries' versions when it registers; compiling
     # needs none of them (the compiler is in the plugin), and a CPU machine has none.
@@ -148,8 +149,18 @@ def start_jax() -> None:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    with _quiet_stderr():
-        jax.devices("cpu")
+    try:
+        with _quiet_stderr():
+            jax.devices("cpu")
+    finally:
+        # Registered now, the plugin needs its directory no more. Off the path, it is not
+        # handed to the processes this one spawns (--plan_search's workers), whose `import
+        # jax` would otherwise load the plugin's CUDA modules before any stderr is quieted:
+        # on a machine without CUDA, each prints XLA's "cudart_stub.cc ... Could not find
+        # cuda drivers" as it loads, at C++ static initialisation, before any log level
+        # (TF_CPP_MIN_LOG_LEVEL) applies.
+        if added:
+            sys.path.remove(plugin_dir())
 
 
 def devices(key: str, memory_bytes: int, ici_shape, dcn_shape) -> list:
