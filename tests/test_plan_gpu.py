@@ -22,9 +22,10 @@ PEAK = re.compile(r"peak \(arguments \+ outputs - donated \+ temps\) +([\d.]+)")
 
 def plan_peak_gib(*args) -> tuple[float, str]:
     # The compile-time settings tests give XLA:CPU (conftest) are not what a user's plan
-    # runs with: plan as a user would.
+    # runs with: plan as a user would. A plan that does not fit re-plans up to 8
+    # alternatives, each 40-65 s on 2 cores with jax 0.11.2's XLA:GPU (21-33 s with 0.10.2's).
     env = {"XLA_FLAGS": ""}
-    out = run_main("--mode=plan", "--plan_compiler=gpu", *args, env=env, timeout=600)
+    out = run_main("--mode=plan", "--plan_compiler=gpu", *args, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr
     return float(PEAK.search(out.stdout).group(1)), out.stdout
 
