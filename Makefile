@@ -3,8 +3,8 @@
 # lock, constraints.txt (the GPU machines' jax, jaxlib and flax).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The exact version of every package installed; CI's second run (test-newest) uses a copy
-# that leaves jax, jaxlib, flax and the planner's CUDA plugin free.
+# The exact version of every package installed; test-newest uses a copy that leaves jax,
+# jaxlib, flax and the planner's CUDA plugin free.
 LOCK ?= constraints.txt
 PIP := $(PY) -m pip install --quiet --constraint $(LOCK)
 STAMP := $(VENV)/.installed
@@ -64,7 +64,7 @@ test-unit: $(TEST_STAMP)
 test-all: $(TEST_STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
-# CI's second run, on the newest jax: a user's environment with the newest jax, jaxlib and
+# The run on the newest jax: a user's environment with the newest jax, jaxlib and
 # flax the registry serves, into which Paxloom installs from the lock less those (and the
 # planner's CUDA plugin, taken at that jaxlib's release); the install must keep them. Then
 # the unit tests and the default training run.
