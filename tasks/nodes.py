@@ -10,6 +10,7 @@ from paxloom.core.data import DataSettings, Tokenizer
 from paxloom.core.errors import UserError
 from tasks import evaluations, layout
 from tasks.lambada import lambada_batches, read_lambada
+from tasks.text_formats import is_glob
 from tasks.tokenizer import load_tokenizer
 from tasks.vocab import check_vocab_size
 
@@ -46,7 +47,7 @@ def required_data_dir(data_dir, dataset: str = "pile") -> str:
     data_dir = str(data_dir)
     # Checked here, where the path is known to be the flag's: a file reader further on
     # could only say that some file is missing. A glob is left to the reader to expand.
-    if not os.path.exists(os.path.expanduser(data_dir)) and not any(c in data_dir for c in "*?["):
+    if not os.path.exists(os.path.expanduser(data_dir)) and not is_glob(data_dir):
         raise UserError(f"--data_dir={data_dir}: no such directory; point --data_dir at {what}")
     return data_dir
 

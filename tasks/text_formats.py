@@ -450,7 +450,8 @@ def _tfrecord_texts(path: Path, stats: ReadStats) -> Iterator[str]:
 # --- which files ------------------------------------------------------------------------------
 
 
-def _is_glob(spec: str) -> bool:
+def is_glob(spec: str) -> bool:
+    """Whether a data path holds glob characters (expand_files expands it)."""
     return any(c in spec for c in "*?[")
 
 
@@ -490,7 +491,7 @@ def _hf_dataset_files(directory: Path) -> list[Path] | None:
 
 def _expand_one(spec: str) -> list[Path]:
     spec = os.path.expanduser(spec)
-    if _is_glob(spec) and not os.path.exists(spec):  # a name may hold [ ] * ?
+    if is_glob(spec) and not os.path.exists(spec):  # a name may hold [ ] * ?
         matched = sorted(glob.glob(spec, recursive=True))
         files = [Path(m) for m in matched if os.path.isfile(m)]
         found = [f for f in files if suffix_of(f) is not None]
