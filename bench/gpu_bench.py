@@ -78,12 +78,14 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from bench import profile_summary  # noqa: E402
 from bench.rows import (  # noqa: E402
     CONFIGS,
     HEADER,
@@ -242,9 +244,11 @@ def gemm_calls(compiled) -> dict:
 
 
 def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
-                    loss_steps: int = 0, config=None, device_memory_gb: float = 0.0) -> dict:
+                    loss_steps: int = 0, config=None, device_memory_gb: float = 0.0,
+                    profile_steps: int = 0) -> dict:
     """Train `exp` (its `config`, exp.run_config() unless given) as main.py would and
-    measure it. UserError when its compiled step cannot fit what the device can give (its
+    measure it; with `profile_steps`, that many more steps under jax's profiler, summarized
+    per kernel (bench/profile_summary.py) as the row's "profile". UserError when its compiled step cannot fit what the device can give (its
     allocator's limit, or `device_memory_gb`, main.py's --device_memory_gb)."""
     import jax
     from praxis import pax_fiddle
@@ -288,8 +292,16 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
         jax.block_until_ready((state, metrics))
         window_s = time.perf_counter() - start
         done = clock.close()
-        # Untimed, up to --loss_steps steps in all: the loss that FP8 rows compare.
         steps_run = 1 + warmup + steps
+        profile = None
+        if profile_steps:
+            trace_dir = tempfile.mkdtemp(prefix="paxloom-profile-")
+            with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+                state, metrics = train_steps(trainer, state, prefetcher, profile_steps)
+                jax.block_until_ready((state, metrics))
+            profile = profile_summary.summarize(trace_dir, profile_steps)
+            steps_run += profile_steps
+        # Untimed, up to --loss_steps steps in all: the loss that FP8 rows compare.
         if loss_steps > steps_run:
             state, metrics = train_steps(trainer, state, prefetcher, loss_steps - steps_run)
             jax.block_until_ready((state, metrics))
@@ -314,7 +326,7 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
         "fp8": exp.USE_FP8, "fprop_dtype": exp.FPROP_DTYPE,
         "loss": first_loss, "last_loss": float(metrics["loss"]), "steps_run": steps_run,
         "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
-        "jax": jax.__version__,
+        "jax": jax.__version__, **({"profile": profile} if profile is not None else {}),
     }
 
 
@@ -403,7 +415,8 @@ def run_one(args) -> int:
             row.update(about)
             row.update(measure_paxloom(exp, args.steps, args.warmup, args.peak_tflops,
                                        args.loss_steps, config=config,
-                                       device_memory_gb=args.device_memory_gb))
+                                       device_memory_gb=args.device_memory_gb,
+                                       profile_steps=args.profile_steps))
     except Exception as e:  # a failed config (UserError, OOM, ...) is a row, not the end
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"
     print(ROW_PREFIX + json.dumps(row), flush=True)
@@ -507,7 +520,7 @@ def child_argv(args, name: str, impl: str, fp8: bool = False,
     argv = ["--one", name, impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--tiny" if args.tiny else "--no-tiny", "--peak_tflops", str(args.peak_tflops),
             "--loss_steps", str(args.loss_steps), "--device_memory_gb",
-            str(args.device_memory_gb)]
+            str(args.device_memory_gb), "--profile_steps", str(args.profile_steps)]
     if fp8:
         argv.append("--fp8")
     if args.percore_batch_size:
@@ -577,6 +590,10 @@ def arguments() -> argparse.ArgumentParser:
                         help="the memory (GB) each device has, as main.py's flag: a row whose "
                              "compiled step needs more is an error row (default: what the "
                              "device's allocator says; none on CPU)")
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="after the timed window, profile this many steps and keep each "
+                             "kernel's time a step in the row's 'profile' (bench/"
+                             "step_account.py --profile reads it)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds one row may take")
     parser.add_argument("--json", default="runs/gpu_bench.json")

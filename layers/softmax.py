@@ -15,7 +15,8 @@ recomputes them (one more [tokens, D] x [D, vocab] matmul per step). The chunks 
 sequence axis, not the flattened B*T tokens, so every chunk still holds every batch row
 and keeps the batch's sharding over the data axes (a chunk of flattened tokens would sit
 on one data shard). The log-sum-exp is taken in float32, and no one-hot of the labels or
-[.., vocab] log-probabilities are written.
+[.., vocab] log-probabilities are written; the gradient of the cross-entropy is written out
+(cross_entropy), one pass over a chunk's logits.
 
 The chunked path returns no `logits` or `log_probs` (None, as praxis's own `chunk_size`
 path does): the LanguageModel's loss and metrics read only the per-token cross-entropy
@@ -28,6 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from praxis import base_layer, py_utils
 from praxis.layers import embedding_softmax
 
@@ -60,18 +62,47 @@ def _uses_chunks(layer, inputs, class_ids, class_probabilities) -> bool:
 
 def _chunk_xent(layer, inputs, labels):
     """(cross-entropy float32, argmax int32), each [B, chunk], of one [B, chunk, D] chunk."""
-    # Logits in float32 before any reduction, as praxis's _compute_xent does.
-    logits = layer.get_logits(inputs).astype(jnp.float32)  # [B, chunk, V]
-    # The same arithmetic as jax.nn.log_softmax, so the values match praxis's to rounding:
-    # shift by the (constant for the gradient) maximum, then log of the summed exponentials.
-    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
-    # The label's entry by a gather, not praxis's float32 one-hot product: no [B, chunk, V]
-    # one-hot is written. With the vocabulary split over the tensor axis, XLA partitions
-    # it as a per-shard pick and an all-reduce of [B, chunk] (the logits are not gathered).
-    label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    logits = layer.get_logits(inputs)  # [B, chunk, V], the compute dtype
     argmax = jax.lax.stop_gradient(jnp.argmax(logits, axis=-1))
-    return log_sum - label_shifted, argmax
+    return cross_entropy(logits, labels), argmax
+
+
+@jax.custom_vjp
+def cross_entropy(logits, labels):
+    """Per-position cross-entropy, float32, of `logits` [..., V] (any float dtype) against
+    integer `labels` [...], computed in float32 as praxis's _compute_xent does (the same
+    arithmetic as jax.nn.log_softmax: shifted by the maximum, then the log of the summed
+    exponentials), the label's entry by a gather (no [..., V] one-hot).
+
+    Its gradient is written out, (softmax - one-hot of the label) x the incoming gradient,
+    in the logits' dtype: one pass over the logits, which XLA fuses into the matmuls'
+    operands. Autodiff of the same forward would write a float32 [..., V] zero array and
+    scatter-add the label's gradient into it, and keep float32 copies of the logits (the
+    step account's "loss" group: bench/step_account.py)."""
+    return _cross_entropy_forward(logits, labels)[0]
+
+
+def _cross_entropy_forward(logits, labels):
+    wide = logits.astype(jnp.float32)
+    shifted = wide - jnp.max(wide, axis=-1, keepdims=True)
+    log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    # The log-sum-exp of the unshifted logits: all the backward pass needs besides them.
+    lse = log_sum + (wide - shifted)[..., 0]
+    return log_sum - label_shifted, (logits, labels, lse)
+
+
+def _cross_entropy_backward(residuals, grad):
+    logits, labels, lse = residuals
+    probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+    vocab = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
+    one_hot = (vocab == labels[..., None]).astype(jnp.float32)
+    grad_logits = ((probs - one_hot) * grad[..., None]).astype(logits.dtype)
+    # Integer labels have no gradient: float0 zeros of their shape, as jax requires.
+    return grad_logits, np.zeros(labels.shape, dtype=jax.dtypes.float0)
+
+
+cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
 def _chunked_xent(layer, inputs, labels):

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from paxloom.runner.planning import gpu_target, hlo_text
+from paxloom.runner.planning import gpu_target, hlo_text, step_account
 from tests.support.processes import run_main
 
 needs_plugin = pytest.mark.skipif(not gpu_target.installed(),
@@ -86,6 +86,17 @@ def test_the_default_segment_bound_fits_an_h200_and_an_h100():
     # 11.1 GiB measured; the bound on cuDNN's buffers assumes every layer keeps its
     # statistics, and the stand-in's own backward buffers stay in the plan: it plans high.
     assert 11.1 <= planned <= 11.1 * 1.5, planned
+    # The step account of the same program: every group with its FLOPs, bytes and roofline
+    # time, and a total no longer than the 49.9 ms step that batch measured on the H200
+    # (328,310 tokens/s, layers/gpu_measurements.json): a roofline is a lower bound.
+    assert "Step account on one H200 141GB" in text
+    groups = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^  (\w[\w ]+?) +\d+ +[\d.]+ +[\d.]+ +([\d.]+)$", text, re.M)}
+    assert set(step_account.GROUPS) | {"total"} <= set(groups), groups
+    assert groups["matmuls"] > 0 and groups["attention"] > 0
+    assert sum(groups[g] for g in step_account.GROUPS) == pytest.approx(groups["total"],
+                                                                         abs=0.05)
+    assert 0.5 * 49.9 < groups["total"] < 49.9, groups
 
 
 @pytest.mark.process

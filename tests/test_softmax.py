@@ -247,3 +247,21 @@ def test_loss_chunk_len_picks_the_class_and_decoding_accepts_it(family):
     # The cached decoder and the export read the same architecture either way.
     plain = architecture.architecture_of(experiment(**settings, LOSS_CHUNK_LEN=0).model_template())
     assert architecture.architecture_of(model) == plain
+
+
+def test_embeddings_looked_up_by_index_train_as_the_one_hot_matmul():
+    """EMBEDDING_LOOKUP_STYLE="index" (a gather) in place of Pax's one-hot "matmul": the same
+    loss and gradients (the step account: two [tokens, vocab] x [vocab, D] matmuls fewer)."""
+    one_hot, gather = (_model("gpt", 16, EMBEDDING_LOOKUP_STYLE=style)
+                       for style in ("matmul", "index"))
+    assert gather.lm_tpl.softmax_tpl.lookup_style == "index"
+    batch = _batch()
+    with praxis_context(do_eval=False):
+        params = one_hot.init(jax.random.key(5), as_model_batch(batch))["params"]
+    (loss, theirs), their_grads = jax.jit(jax.value_and_grad(
+        _train_loss(one_hot), has_aux=True))(params, batch)
+    (our_loss, ours), our_grads = jax.jit(jax.value_and_grad(
+        _train_loss(gather), has_aux=True))(params, batch)
+    _assert_close(our_loss, loss, "total_loss")
+    _assert_close(ours, theirs, "metrics")
+    _assert_close(our_grads, their_grads, "gradient")

@@ -14,8 +14,8 @@ from layers import measured
 from paxloom.core import batch, mesh_axes
 from paxloom.core.errors import UserError
 from paxloom.core.log import format_duration, log
+from paxloom.runner.planning import links, step_account, step_time
 from paxloom.runner.planning import plan as planning
-from paxloom.runner.planning import step_time
 from paxloom.runner.planning.plan import DEVICE_KINDS, Plan, fits, memory_budget, verdict
 
 # Rematerialisation policies from most to least memory (praxis names; "none" = no remat in
@@ -206,12 +206,23 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
             lines += ["", f"To launch the first that fits (with this command line's other "
                           f"flags): {launch} {fitting[0].flags} --job_log_dir=runs/NAME"]
     lines += ["", *speed_lines(exp, p, device, mfu)]
+    if compiler == "gpu":
+        lines += ["", *account_lines(p), "  (python bench/step_account.py with this command "
+                  "line's flags and --device lists its kernels)"]
     caveats = (planning.GPU_CAVEATS.format(jax=jax.__version__) if compiler == "gpu"
                else planning.CPU_CAVEATS)
     lines += ["", f"Caveats ({p.compiler_name})", caveats, planning.COMMON_CAVEATS, "",
               f"planned in {time.perf_counter() - began:.1f}s "
               f"(train step compiled by {p.compiler_name} in {p.compile_s:.1f}s)"]
     return "\n".join(lines)
+
+
+def account_lines(p: Plan, top: int = 0, measured_s: float = 0.0, source: str = "",
+                  profile: dict | None = None) -> list[str]:
+    """Where the compiled step's time goes on p.device, group by group (step_account)."""
+    account = step_account.account(p.compiled.as_text(), DEVICE_KINDS[p.device], p.traffic,
+                                   links.interconnect(p.device), p.fused_attention)
+    return step_account.lines(account, measured_s, source, top, profile)
 
 
 def speed_lines(exp, p: Plan, device: str, mfu: float = 0.0) -> list[str]:

@@ -1,4 +1,9 @@
-"""XLA_FLAGS from the Pax GPU scripts that today's XLA no longer knows.
+"""XLA_FLAGS: the ones the GPU launchers set, and those from the Pax GPU scripts that
+today's XLA no longer knows.
+
+The launchers in scripts_gpu/ set GPU_DEFAULTS (scripts_gpu/common.sh, which a test holds
+equal to it); a plan compiled with XLA:GPU sets them too (use_gpu_defaults), so that it
+compiles the program those launchers run (cuBLAS GEMMs, the latency-hiding scheduler).
 
 XLA aborts the whole process (a C++ fatal error, no Python traceback) on an unknown
 flag in XLA_FLAGS, and paxml's run_*.sh scripts export several flags that were
@@ -22,6 +27,17 @@ RETIRED = {
     "--xla_gpu_enable_triton_softmax_fusion": "removed",
     "--xla_gpu_graph_level": "use --xla_gpu_enable_command_buffer",
 }
+
+
+# scripts_gpu/common.sh's BASE_XLA_FLAGS default, from the Pax GPU README's recommendations.
+GPU_DEFAULTS = "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false"
+
+
+def use_gpu_defaults(environ=os.environ) -> None:
+    """XLA_FLAGS as scripts_gpu/common.sh makes them, before jax starts: $BASE_XLA_FLAGS
+    (default GPU_DEFAULTS; empty for none) first, the flags already set after it, so they win."""
+    base = environ.get("BASE_XLA_FLAGS", GPU_DEFAULTS)
+    environ["XLA_FLAGS"] = " ".join(f for f in (base, environ.get("XLA_FLAGS", "")) if f)
 
 
 def drop_retired(environ=os.environ) -> list[str]:

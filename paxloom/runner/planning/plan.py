@@ -35,7 +35,8 @@ from paxloom.core.batch import BatchLayout
 from paxloom.core.errors import UserError
 from paxloom.core.target import TargetDevice
 from paxloom.runner.cluster import mesh as mesh_lib
-from paxloom.runner.planning import gpu_target, hlo_text, links
+from paxloom.runner.cluster import xla_flags
+from paxloom.runner.planning import gpu_target, hlo_text, links, step_account
 from paxloom.runner.training import throughput
 
 GiB = 2**30
@@ -201,6 +202,9 @@ class Plan:
     # and of those the ones that recompute the forward pass; 0.0 where not read.
     dot_flops: float = 0.0
     recomputed_flops: float = 0.0
+    # The fused attention kernel the program holds a plain-JAX stand-in of (cuDNN, Pallas),
+    # with its work per step (the step account's attention); None where the kernel is traced.
+    fused_attention: step_account.FusedAttention | None = None
 
     def portable(self) -> "Plan":
         """This plan without the jax Compiled object (which does not pickle): what crosses
@@ -268,6 +272,8 @@ def start(device_count: int, compiler: str = "auto") -> str:
     if started:
         raise UserError("--plan_compiler=gpu: jax started before the plan could load "
                         "XLA:GPU's plugin; plan in a fresh process")
+    # The XLA flags the GPU launchers set: the plan compiles the program they run.
+    xla_flags.use_gpu_defaults()
     gpu_target.start_jax()
     return "gpu"
 
@@ -368,7 +374,42 @@ def plan(config: fdl.Config, *, compiler: str = "cpu", device: str = "h100",
         upcast_copies=hlo_text.upcast_copies(program) if compiler == "cpu" else [],
         compile_s=compile_s, compiler=compiler, device=device, compiled=compiled,
         num_layers=run.model_shape.num_layers, pipeline=run.pipeline,
-        dot_flops=dots.total, recomputed_flops=dots.recomputed)
+        dot_flops=dots.total, recomputed_flops=dots.recomputed,
+        fused_attention=fused_attention(config, trainer.batch_layout, run.model_shape,
+                                        dict(mesh.shape)))
+
+
+# What the planner traces its stand-in for (layers/attention.py _fused_kernel_planned).
+_STANDING_IN = {"cudnn": "cuDNN flash attention", "pallas": "Pallas flash attention"}
+
+
+def fused_attention(config: fdl.Config, batch: BatchLayout, shape: spec.ModelShape,
+                    mesh_shape: dict[str, int]) -> step_account.FusedAttention | None:
+    """Per device, the work of the fused attention kernel a GPU runs where the plan compiles
+    the plain-JAX stand-in (cuDNN's or Pallas's): one layer's call on the device's rows and
+    heads, and cuDNN's per-segment backward buffers on packed rows."""
+    from layers import attention
+
+    template = fused_attention_template(config)
+    if template is None or template.attention_impl not in _STANDING_IN:
+        return None
+    stages = mesh_shape.get("stage", 1)
+    rows = max((batch.microbatch_size or batch.sub_batch) * stages // batch.batch_shards, 1)
+    seq_len = shape.seq_len // mesh_shape.get(mesh_axes.CONTEXT_AXIS, 1)
+    tensor = mesh_shape.get("mdl", 1)
+    heads = max(shape.num_heads // tensor, 1)
+    kv_heads = max((getattr(template, "num_kv_heads", None) or shape.num_heads) // tensor, 1)
+    own = 0
+    if template.attention_impl == "cudnn" and template.cudnn_packed:
+        own = attention.cudnn_buffer_bytes(rows, seq_len, heads, kv_heads,
+                                           shape.dims_per_head, template.max_segments)[1]
+    # One call per layer of the device's stage, per sub-batch and pipeline microbatch.
+    calls = (shape.num_layers // stages * batch.accumulation_steps
+             * (batch.num_microbatches or 1))
+    return step_account.FusedAttention(
+        _STANDING_IN[template.attention_impl], calls=calls, rows=rows,
+        seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=shape.dims_per_head,
+        own_buffer_bytes=own)
 
 
 def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.ModelShape,
@@ -378,14 +419,9 @@ def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.M
     softmax statistics kept by each of the device's layers (an upper bound: as if every
     layer kept them, whatever CHECKPOINT_POLICY recomputes) and one layer's backward
     workspace. 0 for every other kernel, whose traced program is what runs."""
-    from fiddle import daglish
-
     from layers import attention
 
-    fused = (attention.FusedDotProductAttention, attention.FusedMultiQueryDotProductAttention)
-    template = next((value for value, _ in daglish.iterate(config.model)
-                     if isinstance(value, fdl.Buildable) and value.__fn_or_cls__ in fused),
-                    None)
+    template = fused_attention_template(config)
     if (template is None or template.attention_impl != "cudnn" or not template.cudnn_packed
             or mesh_shape.get(mesh_axes.CONTEXT_AXIS, 1) > 1):
         return 0
@@ -397,6 +433,17 @@ def attention_kernel_bytes(config: fdl.Config, batch: BatchLayout, shape: spec.M
         max(rows, 1), shape.seq_len, max(shape.num_heads // tensor, 1),
         max(kv_heads // tensor, 1), shape.dims_per_head, template.max_segments)
     return kept * (shape.num_layers // stages) + workspace
+
+
+def fused_attention_template(config: fdl.Config):
+    """The run graph's fused attention layer template (layers/attention.py), or None."""
+    from fiddle import daglish
+
+    from layers import attention
+
+    fused = (attention.FusedDotProductAttention, attention.FusedMultiQueryDotProductAttention)
+    return next((value for value, _ in daglish.iterate(config.model)
+                 if isinstance(value, fdl.Buildable) and value.__fn_or_cls__ in fused), None)
 
 
 def _device_bytes(tree) -> int:
