@@ -13,14 +13,15 @@
 #               lock (constraints.txt) for the machine's jax, torch, ... and the carried
 #               wheels: a line per mismatch, else one line that all matched; then the jax,
 #               jaxlib, cuDNN and driver versions, the device
-#   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 against
-#               its PyTorch peer, then Llama1B, both with ATTENTION_IMPL=auto (tokens/s,
-#               MFU, peak memory)
-#   candidates  paths the measured table (layers/gpu_measurements.json) lacks, a few steps
-#               each: the grouped-query Llama1B with cuDNN's packed attention at
-#               MAX_SEGMENTS_PER_SEQ=8 and 16 (GPT126M's were measured at 8, 16 and 32),
-#               then GPT126M with the loss in one piece (LOSS_CHUNK_LEN=0: is the chunked
-#               loss why the H200 trained slower than the H100 before it?)
+#   speed       the default path at real size: GPT126M (Synthetic126M) at batch 8 with
+#               ATTENTION_IMPL=auto against its PyTorch peer (tokens/s, MFU, peak memory),
+#               then 3 steps under jax's profiler, kept per kernel in the row's "profile"
+#               (bench/step_account.py --profile sets it beside the roofline)
+#   moe         mixtures of experts on one GPU: the dense Llama with a token's parameters
+#               (Qwen3A3B_dense), then Qwen3-30B-A3B's shape cut to 4 layers by tokamax's
+#               kernels (refused in one line where tokamax does not support the jax), by
+#               capacity buffers and batched matmuls (padded), by ragged_dot, then Pax's
+#               GLaM126M64E, as far as the part's time goes
 #   fp8         FP8 against bfloat16 on the 5B shape cut to 8 layers: speed and both losses
 # The second run, right after on the warm machine (`bash bench/gpu_check.sh --parts
 # tests`, 225 s, at most 4 minutes with its start; give it --budget tests=320 when the
@@ -30,13 +31,17 @@
 #               ($OUT/tests.xml); 30 s per test and a session limit (pytest-timeout) that
 #               stops it in time to write its summary
 # Only when named, in a later session (each needs `install` first on a fresh machine):
+#   candidates  paths the measured table (layers/gpu_measurements.json) lacks, a few steps
+#               each: the grouped-query Llama1B with cuDNN's packed attention at
+#               MAX_SEGMENTS_PER_SEQ=8 and 16 (GPT126M's were measured at 8, 16 and 32),
+#               GPT126M with the loss in one piece (LOSS_CHUNK_LEN=0: is the chunked loss
+#               why the H200 trained slower than the H100 before it?) and with its
+#               embeddings looked up by index (EMBEDDING_LOOKUP_STYLE="index": two
+#               [tokens, vocab] matmuls fewer in the step account), then Llama1B by auto
 #   layouts     the single-device choices the planner's search ranks, measured to check
 #               its estimate: GPT126M (Synthetic126M) at batch 4, 8 and 16, then Llama1B at
 #               batch 8 with each rematerialisation policy (save_nothing, none, and its own
 #               save_dot_with_no_batch_dims), all with ATTENTION_IMPL=auto
-#   moe         mixtures of experts on one GPU: Qwen3-30B-A3B's shape cut to 4 layers beside
-#               the dense Llama with a token's parameters, the same by tokamax (refused in one
-#               line where tokamax does not support the jax), then Pax's GLaM126M64E
 #   default     main.py with nothing chosen on a packed GPT and a grouped-query Llama: a few
 #               dozen steps, a decode from each checkpoint, and a restart (a second process)
 #               that must load its train step from the persistent compilation cache
@@ -61,25 +66,25 @@
 #   bash bench/gpu_check.sh --dry-run                # here: valid command lines, budgets
 set -uo pipefail  # not -e: a part that fails is recorded and the parts after it still run
 
-PARTS=(install speed candidates layouts tests moe fp8 default more long)  # the order they run in
-FIRST_RUN=(install speed candidates fp8)  # without --parts
+PARTS=(install speed moe fp8 candidates layouts tests default more long)  # the order they run in
+FIRST_RUN=(install speed moe fp8)  # without --parts
 SECOND_RUN=(tests)  # --parts tests, right after the first on the warm machine
 # Seconds per part, from what each runs: a gpu_bench call starts jax once to look at the
 # device (~6 s), then a process per row: a jax start (~10 s), the model's state, its train
 # step's compile (GPT126M 30-37 s, Llama1B ~50, GPT1_3B 69 on an H100), a few steps; the
-# PyTorch peer's torch.compile ~40-60 s. speed: 6 + ~60 (torch) + ~50 (GPT126M) + ~70
-# (Llama1B) = ~185 s. candidates: two calls, three GPT126M rows: 2 x 6 + 3 x ~50 = ~160 s.
-# candidates: two Llama1B rows and a GPT126M row, 2 x 6 + 2 x ~60 + ~50 = ~180 s. layouts (242 s on an H200): two calls,
-# three GPT126M rows and three Llama1B rows. tests: 225 s, the second run (285 s on an
-# H200: the session limit may end them; the first tests: tests/test_attention.py, which
-# names every attention path). moe: 6 + ~75
-# (Qwen3A3B_moe) + ~55 (its dense peer) + ~12 (tokamax's refusal) + ~60 (GLaM, the row most
-# likely to be cut) = ~210 s. fp8: 6 + 2 x ~65 (the 5B shape cut to 8 layers, a scanned
-# layer, compiled in bfloat16 then FP8, 30 steps each) = ~140 s.
-# default: 5 main.py processes, 75-100 s. more: three rows, ~200 s. long: ~60 s of kernels
-# then two rows of 70-110 s each.
-declare -A BUDGET=([install]=25 [speed]=190 [candidates]=185 [layouts]=355 [tests]=225
-                   [moe]=120 [fp8]=140 [default]=95 [more]=210 [long]=300)
+# PyTorch peer's torch.compile ~40-60 s. speed: 6 + ~60 (torch) + ~50 (GPT126M) + ~10 (3
+# profiled steps and their summary) = ~125 s. moe: 6 + ~55 (the dense peer) + 2 x ~70
+# (tokamax, padded) = ~200 s; ragged_dot's row (~75) and GLaM's (~60) when the parts before
+# left time. fp8: 6 + 2 x ~65 (the 5B shape cut to 8 layers, a scanned layer, compiled in
+# bfloat16 then FP8, 30 steps each) = ~140 s. candidates: four calls, two Llama1B rows,
+# two GPT126M rows, then Llama1B by auto: 4 x 6 + 3 x ~60 + 2 x ~50 = ~300 s. layouts (242 s
+# on an H200): two calls, three GPT126M rows and three Llama1B rows. tests: 225 s, the
+# second run (285 s on an H200: the session limit may end them; the first tests:
+# tests/test_attention.py, which names every attention path). default: 5 main.py
+# processes, 75-100 s. more: three rows, ~200 s. long: ~60 s of kernels then two rows of
+# 70-110 s each.
+declare -A BUDGET=([install]=25 [speed]=130 [moe]=200 [fp8]=140 [candidates]=300
+                   [layouts]=355 [tests]=225 [default]=95 [more]=210 [long]=300)
 MAX_TOTAL_S=540  # 9 minutes: a 10-minute device command with room for its start
 SECOND_RUN_S=225  # the second run's budgets: 4 minutes of device time with the transfers
 # Every test file that runs only on a GPU (a skip off GPUs, or cases under ON_GPU);
@@ -153,10 +158,10 @@ part_install() {
 
 part_speed() {
     # The default path (ATTENTION_IMPL=auto) at real size, before anything else: GPT126M at
-    # batch 8 after its PyTorch peer (the ratio is the key figure), then Llama1B (batch 8,
-    # its experiment's), in one call.
-    run speed.log bench/gpu_bench.py --configs Synthetic126M,Llama1B --impls auto --torch \
-        --percore_batch_size 8 "${BENCH_STEPS[@]}" --timeout 110 --json "$out/speed.json"
+    # batch 8 after its PyTorch peer (the ratio is the key figure), then profiled.
+    run speed.log bench/gpu_bench.py --configs Synthetic126M --impls auto --torch \
+        --percore_batch_size 8 "${BENCH_STEPS[@]}" --profile_steps 3 --timeout 110 \
+        --json "$out/speed.json"
 }
 
 part_candidates() {
@@ -172,6 +177,11 @@ part_candidates() {
     run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls cudnn --unpacked \
         --set LOSS_CHUNK_LEN=0 --percore_batch_size 8 "${FEW_STEPS[@]}" --timeout 90 \
         --json "$out/candidates_loss.json" || rc=1
+    run candidates.log bench/gpu_bench.py --configs Synthetic126M --impls auto \
+        --set EMBEDDING_LOOKUP_STYLE=index --percore_batch_size 8 "${FEW_STEPS[@]}" \
+        --timeout 90 --json "$out/candidates_embedding.json" || rc=1
+    run candidates.log bench/gpu_bench.py --configs Llama1B --impls auto "${FEW_STEPS[@]}" \
+        --timeout 110 --json "$out/candidates_llama1b_auto.json" || rc=1
     return "$rc"
 }
 
@@ -217,11 +227,12 @@ part_tests() {
 }
 
 part_moe() {
-    # The dropless MoE and its dense peer first (their tokens/s ratio is the key figure),
-    # the same MoE by tokamax's kernels, then GLaM on praxis's GShard layers (its
-    # attention: praxis, which auto resolves to).
+    # The dense peer first (the MoE rows' ratio to it is the key figure), then the backends
+    # whose work grows with the tokens routed (tokamax's kernels, capacity buffers), then
+    # ragged_dot (2% MFU on an H200) and GLaM on praxis's GShard layers (its attention:
+    # praxis, which auto resolves to), as far as the part's time goes.
     run moe.log bench/gpu_bench.py \
-        --configs Qwen3A3B_moe,Qwen3A3B_dense,Qwen3A3B_tokamax,GLaM126M64E \
+        --configs Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded,Qwen3A3B_moe,GLaM126M64E \
         --impls auto "${FEW_STEPS[@]}" --timeout 100 --json "$out/moe.json"
 }
 

@@ -21,9 +21,9 @@ from layers import measured
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "bench", "gpu_check.sh")
-FIRST_RUN = ["install", "speed", "candidates", "fp8"]  # those a plain run runs
+FIRST_RUN = ["install", "speed", "moe", "fp8"]  # those a plain run runs
 SECOND_RUN = ["tests"]  # --parts tests on the warm machine
-ALL_PARTS = ["install", "speed", "candidates", "layouts", "tests", "moe", "fp8", "default",
+ALL_PARTS = ["install", "speed", "moe", "fp8", "candidates", "layouts", "tests", "default",
              "more", "long"]  # the order they run in
 ENV = {**os.environ, "PYTHON": sys.executable}  # conftest's CPU settings, this Python
 
@@ -96,21 +96,26 @@ def test_a_part_cut_off_at_its_limit_is_a_timeout_in_the_summary(tmp_path):
     assert done.stdout.splitlines()[-len(table):] == table
 
 
-def test_the_first_run_measures_speed_candidates_and_fp8_and_the_second_runs_the_tests():
-    """The first run measures the default path against its PyTorch peer, then the
-    grouped-query Llama1B with cuDNN's packed layout at the bounds 8 and 16, a few steps
-    each, then FP8; the tests part (the second run) stops in time to write its report (pytest's session
-    limit, then SIGINT), each test by name; layouts measures the planner's single-device
-    choices when named."""
+def test_the_first_run_measures_speed_moe_and_fp8_and_the_second_runs_the_tests():
+    """The first run measures the default path against its PyTorch peer and profiles it,
+    then the MoE backends against their dense peer, then FP8; the tests part (the second
+    run) stops in time to write its report (pytest's session limit, then SIGINT), each
+    test by name; candidates (the grouped-query Llama1B with cuDNN's packed layout at the
+    bounds 8 and 16, a few steps each) and layouts (the planner's single-device choices)
+    run when named."""
     script = open(SCRIPT).read()
     first = re.search(r"^FIRST_RUN=\(([^)]*)\)", script, re.MULTILINE).group(1).split()
     assert first == FIRST_RUN
     speed = part_body("speed")
-    assert re.search(r"--configs Synthetic126M,Llama1B --impls auto --torch\s+\\?\s*"
+    assert re.search(r"--configs Synthetic126M --impls auto --torch\s+\\?\s*"
                      r"--percore_batch_size 8", speed), speed
+    assert "--profile_steps 3" in speed
+    moe = part_body("moe")
+    assert "--configs Qwen3A3B_dense,Qwen3A3B_tokamax,Qwen3A3B_padded," in moe
     candidates = part_body("candidates")
     assert "--configs Llama1B --impls cudnn" in candidates
     assert "--sweep MAX_SEGMENTS_PER_SEQ=8,16" in candidates
+    assert "EMBEDDING_LOOKUP_STYLE=index" in candidates
     assert '"${FEW_STEPS[@]}"' in candidates
     assert re.search(r"^FEW_STEPS=\(--steps 6 --warmup 1\)", script, re.MULTILINE)
     layouts = part_body("layouts")

@@ -210,3 +210,13 @@ def test_search_from_the_command_line(tmp_path):
     assert len(ranked) >= 5, out.stdout
     launch = out.stdout.split("To launch the best")[1]
     assert "python main.py --fdl_config=experiments.gpt.GPT5B --fdl.ICI_MESH_SHAPE=" in launch
+
+
+@pytest.mark.parametrize("compiler", ["gpu", "cpu"])
+def test_cached_plans_are_keyed_by_the_xla_flags_they_compiled_with(compiler, monkeypatch):
+    exp = experiments.BaseExperiment(**TINY)
+    key = lambda: plan_search.cache_key(exp, exp.hyperparameters(), {}, "h100", 0.0, compiler)  # noqa: E731
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
+    cublas = key()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    assert key() != cublas

@@ -3,6 +3,7 @@ one real CPU run through run_pile_singlenode.sh."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -271,3 +272,19 @@ def test_singlenode_trains_tiny_on_cpu(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert logdir.is_dir() and any(logdir.iterdir())
+
+
+def test_plans_compile_with_the_flags_the_launchers_set():
+    """A plan (paxloom/runner/cluster/xla_flags.py use_gpu_defaults) compiles with
+    common.sh's flag block, and a user's own XLA_FLAGS still come last."""
+    from paxloom.runner.cluster import xla_flags
+
+    block = re.search(r'BASE_XLA_FLAGS=\$\{BASE_XLA_FLAGS-"([^"]*)"\}',
+                      (SCRIPTS / "common.sh").read_text()).group(1)
+    assert block == xla_flags.GPU_DEFAULTS
+    environ = {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=true"}
+    xla_flags.use_gpu_defaults(environ)
+    assert environ["XLA_FLAGS"] == f"{block} --xla_gpu_enable_triton_gemm=true"
+    environ = {"BASE_XLA_FLAGS": ""}
+    xla_flags.use_gpu_defaults(environ)
+    assert environ["XLA_FLAGS"] == ""

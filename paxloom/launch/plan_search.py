@@ -154,10 +154,12 @@ def plan_one(experiment: type, hyperparameters: dict, selection, graph_overrides
 
 def cache_key(exp, hyperparameters, graph_overrides, device, device_memory_gb, compiler):
     """The plan cache's key of one plan_one() call."""
-    # XLA:CPU compiles the same program whatever the GPU's memory, with XLA_FLAGS' settings;
-    # XLA:GPU compiles for the GPU's description, memory included.
+    # Either compiler compiles with XLA_FLAGS' settings (a GPU plan's include the launchers'
+    # defaults); XLA:CPU the same program whatever the GPU's memory, XLA:GPU for the GPU's
+    # description, memory included.
     if compiler == "cpu":
-        device_memory_gb, compiler = 0.0, f"cpu {os.environ.get('XLA_FLAGS', '')}"
+        device_memory_gb = 0.0
+    compiler = f"{compiler} {os.environ.get('XLA_FLAGS', '')}"
     return plan_cache.key(type(exp), hyperparameters, graph_overrides, device=device,
                           device_memory_gb=device_memory_gb, compiler=compiler)
 
