@@ -330,8 +330,8 @@ def key_layouts(out: pathlib.Path) -> str:
 
 
 def key_moe(out: pathlib.Path) -> str:
-    """Each row's MFU (on a token's active parameters) and peak memory, and the MoE row's
-    tokens/s over its dense peer's (no target: the first figures are the finding). A row
+    """Each row's MFU (on a token's active parameters) and peak memory, and each backend's
+    Qwen3A3B row's tokens/s over its dense peer's (no target: the first figures are the finding). A row
     refused in one line (tokamax on a jax it does not support, a step that cannot fit the
     device) is reported, not a failure; any other error fails the part."""
     parts, done, failed = [], {}, False
@@ -342,9 +342,13 @@ def key_moe(out: pathlib.Path) -> str:
         if "error" not in row and "skipped" not in row:
             done[name] = (len(parts), row)
         parts.append(text)
-    if "Qwen3A3B_moe" in done and "Qwen3A3B_dense" in done:
-        (index, moe), (_, dense) = done["Qwen3A3B_moe"], done["Qwen3A3B_dense"]
-        parts[index] += f", x{moe['tokens_per_s'] / dense['tokens_per_s']:.2f} dense tokens/s"
+    if "Qwen3A3B_dense" in done:  # each backend of the same MoE against the dense peer
+        dense = done["Qwen3A3B_dense"][1]
+        for name in ("Qwen3A3B_tokamax", "Qwen3A3B_padded", "Qwen3A3B_moe"):
+            if name in done:
+                index, moe = done[name]
+                parts[index] += (f", x{moe['tokens_per_s'] / dense['tokens_per_s']:.2f} dense "
+                                 f"tokens/s")
     if failed:
         raise Failed("; ".join(parts))
     return "; ".join(parts)

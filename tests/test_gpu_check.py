@@ -209,9 +209,11 @@ def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_den
     its attention praxis's under --impls auto); its key gives each row's MFU and peak
     memory, the MoE row's tokens/s over the dense peer's, and fails on an error row."""
     configs = re.search(r"--configs (\S+)", part_body("moe")).group(1).split(",")
-    assert configs == ["Qwen3A3B_moe", "Qwen3A3B_dense", "Qwen3A3B_tokamax", "GLaM126M64E"]
+    assert configs == ["Qwen3A3B_dense", "Qwen3A3B_tokamax", "Qwen3A3B_padded", "Qwen3A3B_moe",
+                       "GLaM126M64E"]
     built = {name: experiment(name, "auto", tiny=False, devices=1) for name in configs}
-    moe, dense, tokamax, glam = built.values()
+    dense, tokamax, padded, moe, glam = built.values()
+    assert padded.MOE_BACKEND == "padded" and padded.CAPACITY_FACTOR > 0
     assert (tokamax.MOE_BACKEND, tokamax.CAPACITY_FACTOR) == ("tokamax", 0.0)
     assert (moe.NUM_LAYERS, moe.NUM_EXPERTS, moe.NUM_EXPERTS_PER_TOKEN) == (4, 128, 8)
     assert moe.ICI_MESH_SHAPE == dense.ICI_MESH_SHAPE == glam.ICI_MESH_SHAPE == [1, 1, 1]
@@ -237,6 +239,14 @@ def test_the_moe_part_runs_each_row_on_one_gpu_and_its_key_compares_moe_with_den
     assert_key("moe", tmp_path, 0, "Qwen3A3B_moe 5.0% MFU, peak 61.0 GiB, x0.07 dense "
                "tokens/s; Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; Qwen3A3B_tokamax: "
                "UserError: MOE_BACKEND='tokamax': tokamax 0.0.12 does not support jax 0.11.2")
+    # Every backend of the MoE against the dense peer, whatever the order.
+    (tmp_path / "moe.json").write_text(json.dumps([
+        {"experiment": "Qwen3A3B_dense", "attention": "auto", "mfu": 0.4,
+         "tokens_per_s": 40000.0, "peak_memory_gib": 13.4},
+        {"experiment": "Qwen3A3B_padded", "attention": "auto", "mfu": 0.3,
+         "tokens_per_s": 30000.0, "peak_memory_gib": 20.0}]))
+    assert_key("moe", tmp_path, 0, "Qwen3A3B_dense 40.0% MFU, peak 13.4 GiB; Qwen3A3B_padded "
+               "30.0% MFU, peak 20.0 GiB, x0.75 dense tokens/s")
 
 
 @pytest.mark.process

@@ -230,3 +230,23 @@ def test_a_cudnn_run_plans_on_cpu_with_the_fused_kernels_memory():
         peaks[impl] = plan.plan(exp, exp.run_config(target=planning.target_device("h100"))).memory.temporaries
     # praxis keeps float32 scores per layer (4 x 8 x 512 x 512 x 4 bytes) and more.
     assert peaks["praxis"] - peaks["cudnn"] > 32 * 2**20, peaks
+
+
+def test_changes_that_cannot_fit_cudnns_packed_buffers_are_not_compiled():
+    """A re-plan whose cuDNN packed buffers (which grow with the rows a device runs at once)
+    already exceed the budget is known not to fit before any compile."""
+    from types import SimpleNamespace
+
+    from paxloom.launch import plan as launch_plan
+
+    memory = SimpleNamespace(kernel_buffers=100, state=10)
+    p = SimpleNamespace(memory=memory, accumulation_steps=1,
+                        hyperparameters={"PERCORE_BATCH_SIZE": 8})
+    floor = launch_plan.kernel_buffer_floor
+    assert floor(p, {"CHECKPOINT_POLICY": "save_nothing"}) == 110
+    assert floor(p, {"PERCORE_BATCH_SIZE": 4}) == 60
+    assert floor(p, {"GRADIENT_ACCUMULATION_STEPS": 4}) == 35
+    assert floor(p, {"ICI_MESH_SHAPE": [1, 1, 8]}) == 100
+    assert floor(p, {"MAX_SEGMENTS_PER_SEQ": 32}) == 0  # another bound: compiled
+    memory.kernel_buffers = 0
+    assert floor(p, {"CHECKPOINT_POLICY": "save_nothing"}) == 0

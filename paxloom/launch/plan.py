@@ -43,6 +43,7 @@ class Change:
     cost: str
     plan: Plan | None = None
     error: str | None = None
+    floor: int = 0  # > 0: not compiled, what it must hold at least already over the budget
 
     @property
     def flags(self) -> str:
@@ -146,6 +147,10 @@ def find_changes(exp, p: Plan, budget: int, variant_graph,
     for kind, candidates in candidate_changes(p).items():
         tried = []
         for changed, cost in candidates:
+            floor = kernel_buffer_floor(p, changed)
+            if floor > budget:
+                tried.append(Change(changed, cost, floor=floor))
+                continue
             try:
                 variant = type(exp)(**{**exp.hyperparameters(), **changed})
                 change = Change(changed, cost, plan=plan(
@@ -158,6 +163,27 @@ def find_changes(exp, p: Plan, budget: int, variant_graph,
                 break
         found[kind] = tried
     return found
+
+
+def kernel_buffer_floor(p: Plan, changed: dict) -> int:
+    """Bytes a change's plan holds at least, without compiling it, where that is known: cuDNN's
+    packed buffers (p.memory.kernel_buffers) grow with the rows a device runs at once and do
+    not shrink with rematerialisation or a mesh that keeps those rows; with its state where the
+    change keeps the sharding too. 0 where the change's buffers are not known (another segment
+    bound, pipeline microbatches) or the plan has none."""
+    kernel, hp = p.memory.kernel_buffers, p.hyperparameters
+    if not kernel:
+        return 0
+    if set(changed) == {"CHECKPOINT_POLICY"}:
+        return kernel + p.memory.state
+    if set(changed) == {"PERCORE_BATCH_SIZE"}:
+        return int(kernel * changed["PERCORE_BATCH_SIZE"] / hp["PERCORE_BATCH_SIZE"]) + p.memory.state
+    if set(changed) == {"GRADIENT_ACCUMULATION_STEPS"}:
+        return int(kernel * p.accumulation_steps / changed["GRADIENT_ACCUMULATION_STEPS"]) \
+            + p.memory.state
+    if set(changed) <= {"ICI_MESH_SHAPE", "DCN_MESH_SHAPE"}:  # replica axes made FSDP: same rows
+        return kernel
+    return 0
 
 
 def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
@@ -261,6 +287,11 @@ def _describe_changes(kind: str, tried: list[Change], budget: int) -> list[str]:
     for change in tried:
         if change.error:
             lines.append(f"    {change.flags}: cannot plan: {change.error}")
+            continue
+        if change.floor:
+            lines.append(f"    {change.flags}: does not fit: cuDNN packed attention's own "
+                         f"buffers alone come to {planning.format_bytes(change.floor)} "
+                         f"(not compiled)")
             continue
         bubble = (f"; bubble {change.plan.bubble:.1%}" if change.plan.pipeline is not None
                   else "")
