@@ -57,7 +57,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>
 _CALLEE = re.compile(r"\b(?:calls|to_apply|body|condition)=%([\w.\-]+)")
 _CALLEE_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_ARRAY = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")  # not token[]
+ARRAY = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")  # not token[]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +87,8 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
     `mesh_shape` maps axis names to sizes in mesh order; `ici_shape` and `dcn_shape` split
     each size into its within-node and across-node factors.
     """
-    computations, calls = _parse(hlo_text)
-    runs = _executions(computations, calls)
+    computations, calls = parse(hlo_text)
+    runs = executions(computations, calls)
     scheduled = any(op.endswith(_ASYNC) and op[:-len(_ASYNC)] in OPS
                     for instructions in computations.values() for _, _, op, _ in instructions)
     totals: dict[tuple, list] = defaultdict(lambda: [0, 0.0, 0.0])
@@ -99,7 +99,7 @@ def step_traffic(hlo_text: str, mesh_shape: dict[str, int], ici_shape, dcn_shape
                 op, shape = op[:-len(_ASYNC)], _async_result(op[:-len(_ASYNC)], shape)
             if op not in OPS or not runs.get(name):
                 continue
-            nbytes = _shape_bytes(shape)
+            nbytes = shape_bytes(shape)
             if op == "collective-permute":
                 pairs = _pairs(rest)
                 moving = [(s, t) for s, t in pairs if s != t]
@@ -177,7 +177,7 @@ def upcast_copies(hlo_text: str) -> list[tuple[str, int]]:
     """(shape, bytes) of each float32 array the program makes by converting a whole
     bfloat16 array of the same shape (a convert, or a fusion of nothing else), largest first.
     Sizes, not liveness: the largest ones are what matters."""
-    computations, _ = _parse(hlo_text)
+    computations, _ = parse(hlo_text)
     fused = {_CALLEE.search(rest).group(1) for instructions in computations.values()
              for _, _, op, rest in instructions if op == "fusion"}
     converts_only = {name for name in fused
@@ -196,9 +196,9 @@ def upcast_copies(hlo_text: str) -> list[tuple[str, int]]:
                     and callee.group(1) in converts_only):
                 continue
             operand = shapes.get(rest.split(")")[0].split(",")[0].strip().lstrip("%"), "")
-            if operand.startswith("bf16[") and _ARRAY.match(operand).group(2) == \
-                    _ARRAY.match(shape).group(2):
-                copies.append((shape.split("{")[0], _shape_bytes(shape)))
+            if operand.startswith("bf16[") and ARRAY.match(operand).group(2) == \
+                    ARRAY.match(shape).group(2):
+                copies.append((shape.split("{")[0], shape_bytes(shape)))
     return sorted(copies, key=lambda c: -c[1])
 
 
@@ -211,7 +211,7 @@ def _ring_bytes(op: str, nbytes: int, n: int) -> tuple[float, float]:
     return nbytes, (n - 1) / n * nbytes  # all-gather (result is whole), all-to-all
 
 
-def _parse(hlo_text: str):
+def parse(hlo_text: str):
     """{computation: [(name, result shape, opcode, rest of line)]},
     {computation: [(callee, times per execution of the caller)]}."""
     computations: dict[str, list] = {}
@@ -241,7 +241,7 @@ def _parse(hlo_text: str):
     return computations, calls
 
 
-def _executions(computations, calls) -> dict[str, int]:
+def executions(computations, calls) -> dict[str, int]:
     """How many times each computation runs per execution of the entry computation."""
     order, seen = [], set()
 
@@ -261,10 +261,10 @@ def _executions(computations, calls) -> dict[str, int]:
     return runs
 
 
-def _shape_bytes(shape: str) -> int:
+def shape_bytes(shape: str) -> int:
     """Bytes of an HLO result shape: one array, or a tuple of them (layouts ignored)."""
     total = 0
-    for dtype, dims in _ARRAY.findall(shape):
+    for dtype, dims in ARRAY.findall(shape):
         bits = 8 if dtype == "pred" else int(re.search(r"\d+", dtype).group())
         total += math.prod(int(d) for d in dims.split(",") if d) * bits // 8
     return total
@@ -380,49 +380,57 @@ def dot_flops(hlo_text: str) -> DotFlops:
     (CHECKPOINT_POLICY, the chunked loss): its op_name carries jax's name scope for that,
     `rematted_computation` (jax/_src/ad_checkpoint.py), which XLA keeps on fused and
     rewritten instructions alike."""
-    computations, calls = _parse(hlo_text)
-    runs = _executions(computations, calls)
+    computations, calls = parse(hlo_text)
+    runs = executions(computations, calls)
     total = recomputed = 0.0
     for name, instructions in computations.items():
         if not runs.get(name):
             continue
         shapes = {instruction: shape for instruction, shape, _, _ in instructions}
         for _, shape, op, rest in instructions:
-            if op == "dot":
-                contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-            elif op == "custom-call" and _GEMM.search(rest):
-                contracting = _GEMM_CONTRACTING.search(rest)
-            else:
-                continue
-            lhs = _operand_dims(rest, shapes)
-            result = _ARRAY.search(shape)  # a gemm returns (result, workspace): the first
-            if lhs is None or result is None:
-                continue
-            dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
-            contracted = math.prod(lhs[d] for d in dims)
-            flops = runs[name] * 2.0 * _elements(result.group(2)) * contracted
+            flops = runs[name] * instruction_flops(shape, op, rest, shapes)
             total += flops
-            if _RECOMPUTED.search(rest):
+            if flops and _RECOMPUTED.search(rest):
                 recomputed += flops
     return DotFlops(total, recomputed)
 
 
+def is_matmul(op: str, rest: str) -> bool:
+    """A dot, or a cuBLAS GEMM it was rewritten into."""
+    return op == "dot" or op == "custom-call" and GEMM.search(rest) is not None
+
+
+def instruction_flops(shape: str, op: str, rest: str, shapes: dict[str, str]) -> float:
+    """The FLOPs of one execution of a matmul instruction (2 x its result's elements x the
+    contracted elements; 0 for any other), its operands' shapes looked up in `shapes`."""
+    if not is_matmul(op, rest):
+        return 0.0
+    contracting = (re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest) if op == "dot"
+                   else GEMM_CONTRACTING.search(rest))
+    lhs = operand_dims(rest, shapes)
+    result = ARRAY.search(shape)  # a gemm returns (result, workspace): the first
+    if lhs is None or result is None:
+        return 0.0
+    dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
+    return 2.0 * elements(result.group(2)) * math.prod(lhs[d] for d in dims)
+
+
 _RECOMPUTED = re.compile(r'op_name="[^"]*/rematted_computation/')
-_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
-_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
+GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 
 
-def _operand_dims(rest: str, shapes: dict[str, str]) -> list[int] | None:
+def operand_dims(rest: str, shapes: dict[str, str]) -> list[int] | None:
     """The dimensions of an instruction's first operand: printed inline (`f32[2,3]{1,0}
     %a`) or looked up by name among its computation's instructions and parameters."""
-    inline = _ARRAY.search(rest.split("%", 1)[0])
+    inline = ARRAY.search(rest.split("%", 1)[0])
     if inline is None:
         name = re.match(r"\s*%?([\w.\-]+)", rest)
-        inline = _ARRAY.search(shapes.get(name.group(1), "")) if name else None
+        inline = ARRAY.search(shapes.get(name.group(1), "")) if name else None
     if inline is None:
         return None
     return [int(d) for d in inline.group(2).split(",") if d]
 
 
-def _elements(dims: str) -> int:
+def elements(dims: str) -> int:
     return math.prod(int(d) for d in dims.split(",") if d)

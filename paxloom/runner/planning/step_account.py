@@ -34,7 +34,6 @@ what runs: the attention group is then the kernel's own FLOPs and bytes (fused_a
 """
 
 import dataclasses
-import math
 import re
 from collections import defaultdict
 
@@ -118,8 +117,8 @@ def account(program: str, device, traffic=(), interconnect=None,
     """The account of `program` (compiled.as_text()) on `device` (a DEVICE_KINDS entry);
     `traffic` and `interconnect` the plan's collectives and links; `attention` the fused
     kernel that runs where the program holds its stand-in."""
-    computations, calls = hlo_text._parse(program)
-    runs = hlo_text._executions(computations, calls)
+    computations, calls = hlo_text.parse(program)
+    runs = hlo_text.executions(computations, calls)
     fused = _fused_computations(computations)
     flops_of = _computation_flops(computations, fused)
     kernels, notes = [], []
@@ -132,7 +131,7 @@ def account(program: str, device, traffic=(), interconnect=None,
                 continue  # collectives: from the traffic, below
             scope = _scope(rest) or outer_scope
             group, flops, nbytes = _kernel(name, shape, op, rest, scope, shapes, computations,
-                                           fused, flops_of)
+                                           flops_of)
             times = runs[computation]
             kernels.append(Kernel(name, group, times, flops * times, nbytes * times,
                                   roofline(flops, nbytes, device.peak_flops,
@@ -195,8 +194,8 @@ def _computation_flops(computations, fused) -> dict[str, tuple[float, bool]]:
         instructions = computations.get(name, [])
         shapes = {n: s for n, s, _, _ in instructions}
         for _, shape, op, rest in instructions:
-            if op in ("dot", "convolution") or (op == "custom-call" and hlo_text._GEMM.search(rest)):
-                total += _dot_flops(shape, op, rest, shapes)
+            if hlo_text.is_matmul(op, rest):
+                total += hlo_text.instruction_flops(shape, op, rest, shapes)
                 matmul = True
             elif op in _ELEMENTWISE:
                 total += _elements(shape)
@@ -216,22 +215,7 @@ def _computation_flops(computations, fused) -> dict[str, tuple[float, bool]]:
     return result
 
 
-def _dot_flops(shape, op, rest, shapes) -> float:
-    if op == "dot":
-        contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-    elif op == "custom-call":
-        contracting = hlo_text._GEMM_CONTRACTING.search(rest)
-    else:  # a convolution: not in Paxloom's models; its FLOPs are not counted
-        return 0.0
-    lhs = hlo_text._operand_dims(rest, shapes)
-    result = hlo_text._ARRAY.search(shape)
-    if lhs is None or result is None:
-        return 0.0
-    dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
-    return 2.0 * hlo_text._elements(result.group(2)) * math.prod(lhs[d] for d in dims)
-
-
-def _kernel(name, shape, op, rest, scope, shapes, computations, fused, flops_of):
+def _kernel(name, shape, op, rest, scope, shapes, computations, flops_of):
     """(group, FLOPs, bytes) of one execution of a kernel instruction."""
     operands = _operand_names(rest)
     if op == "fusion":
@@ -239,23 +223,23 @@ def _kernel(name, shape, op, rest, scope, shapes, computations, fused, flops_of)
         flops, matmul = flops_of.get(callee, (0.0, False))
         nbytes = _fusion_bytes(shape, operands, shapes, computations[callee])
     elif op == "custom-call":
-        matmul = bool(hlo_text._GEMM.search(rest))
-        flops = _dot_flops(shape, op, rest, shapes) if matmul else 0.0
+        matmul = hlo_text.is_matmul(op, rest)
+        flops = hlo_text.instruction_flops(shape, op, rest, shapes)
         # A gemm's result is (product, workspace): the workspace is scratch, not HBM traffic.
-        result = hlo_text._ARRAY.search(shape)
-        written = hlo_text._shape_bytes(result.group(0)) if matmul and result else \
-            hlo_text._shape_bytes(shape)
-        nbytes = written + sum(hlo_text._shape_bytes(shapes.get(o, "")) for o in operands)
+        result = hlo_text.ARRAY.search(shape)
+        written = hlo_text.shape_bytes(result.group(0)) if matmul and result else \
+            hlo_text.shape_bytes(shape)
+        nbytes = written + sum(hlo_text.shape_bytes(shapes.get(o, "")) for o in operands)
     elif op == "dynamic-update-slice":  # in place: the update read and written
         flops, matmul = 0.0, False
-        nbytes = 2 * hlo_text._shape_bytes(shapes.get(operands[1], "")) if len(operands) > 1 else 0
+        nbytes = 2 * hlo_text.shape_bytes(shapes.get(operands[1], "")) if len(operands) > 1 else 0
     else:
         matmul = op == "dot"
-        flops = _dot_flops(shape, op, rest, shapes) if matmul else (
+        flops = hlo_text.instruction_flops(shape, op, rest, shapes) if matmul else (
             _elements(shape) if op in _ELEMENTWISE else 0.0)
-        read = (hlo_text._shape_bytes(shape) if op in _SLICES else
-                sum(hlo_text._shape_bytes(shapes.get(o, "")) for o in operands))
-        nbytes = read + hlo_text._shape_bytes(shape)
+        read = (hlo_text.shape_bytes(shape) if op in _SLICES else
+                sum(hlo_text.shape_bytes(shapes.get(o, "")) for o in operands))
+        nbytes = read + hlo_text.shape_bytes(shape)
     return _group(name, op, scope, matmul), flops, nbytes
 
 
@@ -285,14 +269,14 @@ def _fusion_bytes(shape: str, operands: list[str], shapes: dict, body: list) -> 
         for operand in _operand_names(rest):
             users[operand].append((name, inner_shape, op, rest))
     in_place, shapes_in = set(), {name: s for name, s, _, _ in body}
-    written = hlo_text._shape_bytes(shape)
+    written = hlo_text.shape_bytes(shape)
     for _, inner_shape, op, rest in body:
         if op == "dynamic-update-slice":
             target, *others = _operand_names(rest)
             if target in params.values():
                 in_place.add(target)
                 update = shapes_in.get(others[0], "") if others else ""
-                written -= hlo_text._shape_bytes(inner_shape) - hlo_text._shape_bytes(update)
+                written -= hlo_text.shape_bytes(inner_shape) - hlo_text.shape_bytes(update)
     read = 0.0
     for index, operand in enumerate(operands):
         param = params.get(index)
@@ -300,9 +284,9 @@ def _fusion_bytes(shape: str, operands: list[str], shapes: dict, body: list) -> 
             continue
         uses = users.get(param, [])
         if uses and all(op in _SLICES for _, _, op, _ in uses):
-            read += sum(hlo_text._shape_bytes(s) for _, s, _, _ in uses)
+            read += sum(hlo_text.shape_bytes(s) for _, s, _, _ in uses)
         else:
-            read += hlo_text._shape_bytes(shapes.get(operand, ""))
+            read += hlo_text.shape_bytes(shapes.get(operand, ""))
     return read + max(written, 0)
 
 
@@ -323,7 +307,7 @@ def _scope(rest: str) -> str:
 
 
 def _elements(shape: str) -> int:
-    return sum(hlo_text._elements(dims) for _, dims in hlo_text._ARRAY.findall(shape))
+    return sum(hlo_text.elements(dims) for _, dims in hlo_text.ARRAY.findall(shape))
 
 
 @dataclasses.dataclass(frozen=True)
