@@ -51,6 +51,11 @@ def test_a_loop_counts_each_trip_and_only_the_slice_it_reads():
     # the whole stack of weights.
     whole_stack = 8 * 16 * 16 * 4
     assert all(k.bytes / k.runs < whole_stack for k in account.kernels if k.runs == 8)
+    # Loops over layers are where the account is not checked: it says so.
+    assert step_account.SCANNED_NOTE in account.notes
+    unrolled = step_account.account(compiled_text(lambda w, x: jnp.tanh(x @ w[0]), weights, x),
+                                    H200)
+    assert step_account.SCANNED_NOTE not in unrolled.notes
 
 
 def test_the_total_is_every_group_and_every_kernel_is_in_one():

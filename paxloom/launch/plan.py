@@ -233,8 +233,7 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
                           f"flags): {launch} {fitting[0].flags} --job_log_dir=runs/NAME"]
     lines += ["", *speed_lines(exp, p, device, mfu)]
     if compiler == "gpu":
-        lines += ["", *account_lines(p), "  (python bench/step_account.py with this command "
-                  "line's flags and --device lists its kernels)"]
+        lines += ["", *account_lines(p)]
     caveats = (planning.GPU_CAVEATS.format(jax=jax.__version__) if compiler == "gpu"
                else planning.CPU_CAVEATS)
     lines += ["", f"Caveats ({p.compiler_name})", caveats, planning.COMMON_CAVEATS, "",
@@ -245,10 +244,18 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
 
 def account_lines(p: Plan, top: int = 0, measured_s: float = 0.0, source: str = "",
                   profile: dict | None = None) -> list[str]:
-    """Where the compiled step's time goes on p.device, group by group (step_account)."""
+    """Where the compiled step's time goes on p.device, group by group (step_account). A
+    plan (top 0) shows it where the account has been checked: not for a program that loops
+    over layers, where it names the tool that shows it with that caveat."""
     account = step_account.account(p.compiled.as_text(), DEVICE_KINDS[p.device], p.traffic,
                                    links.interconnect(p.device), p.fused_attention)
-    return step_account.lines(account, measured_s, source, top, profile)
+    tool = ("python bench/step_account.py with this command line's flags and --device="
+            f"{p.device}")
+    if not top and step_account.SCANNED_NOTE in account.notes:
+        return [f"Step account: not shown for a program that loops over layers ({tool} "
+                f"shows it, with that caveat)"]
+    lines = step_account.lines(account, measured_s, source, top, profile)
+    return lines + ([f"  ({tool} lists its kernels)"] if not top else [])
 
 
 def speed_lines(exp, p: Plan, device: str, mfu: float = 0.0) -> list[str]:

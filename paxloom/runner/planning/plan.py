@@ -10,7 +10,7 @@ run does not fit the chosen GPU, it re-plans the cheapest single changes that mi
 
 Two compilers can plan. XLA:GPU (`--plan_compiler=gpu`, the default where `make install`
 put the CUDA plugin) compiles the step for the planned GPU without one
-(paxloom/runner/planning/gpu_target.py): its memory is the GPU's buffer assignment, 0.99 to 1.17
+(paxloom/runner/planning/gpu_target.py): its memory is the GPU's buffer assignment, 1.00 to 1.10
 times what an H100 measured for four configurations (docs/guides/planning.md). XLA:CPU (`cpu`) compiles it for
 as many fake CPU devices: the same partitioning, but XLA:CPU's memory (float32 copies of
 bfloat16 arrays a GPU does not make: up to 2.7x the GPU's figure). Each plan says which
@@ -100,7 +100,7 @@ GPU_CAVEATS = """\
   flash kernel (no [T, T] scores); cuDNN's packed layout adds its own buffers, sized by
   MAX_SEGMENTS_PER_SEQ, as a bound measured on an H200 (layers/attention.py
   cudnn_buffer_bytes). Against four runs measured
-  on an H100 (jax 0.11.2), the plan was 0.99 to 1.17 times the real peak (docs/guides/planning.md,
+  on an H100 (jax 0.11.2), the plan was 1.00 to 1.10 times the real peak (docs/guides/planning.md,
   "Checked against an H100"); the cuDNN runs planned high.
 - Not in the figure: what the runtime holds outside the program (the CUDA context, cuBLAS
   and cuDNN workspaces, NCCL's buffers: typically under 1-2 GiB, inside the 15% JAX leaves

@@ -27,6 +27,9 @@ it came from: collectives; attention (praxis's `_dot_atten` scope); matmuls; the
 forward `jvp(...)` and backward `transpose(jvp(...))`: gradient norms, the optax update);
 copies and transposes; elementwise and reductions (the rest: norms, activations, residuals).
 
+Checked on unrolled layer stacks (each layer its own kernels); where the program loops over
+layers, the account says so and its bytes are an upper bound (SCANNED_NOTE).
+
 Collectives take their time from the links they cross (links.seconds, as the plan's
 estimate), not from HBM. Where the run's attention is a fused kernel the planner traces as
 its plain-JAX stand-in (cuDNN or Pallas, layers/flash.py), the stand-in's kernels are not
@@ -39,6 +42,9 @@ from collections import defaultdict
 
 from paxloom.runner.planning import hlo_text, links
 
+SCANNED_NOTE = ("the program loops over layers (a scanned stack or a pipeline): the account "
+                "is checked on unrolled stacks only, and may count a loop's in-place updates "
+                "of stacked buffers whole")
 GROUPS = ("matmuls", "attention", "elementwise and reductions", "copies and transposes",
           "collectives", "optimizer update", "loss")
 
@@ -136,6 +142,11 @@ def account(program: str, device, traffic=(), interconnect=None,
             kernels.append(Kernel(name, group, times, flops * times, nbytes * times,
                                   roofline(flops, nbytes, device.peak_flops,
                                            device.memory_bytes_per_s) * times, scope))
+    # Loops the account was not checked on: a scanned layer stack (or a pipeline's), whose
+    # in-place updates of stacked buffers inside async or nested fusions it may count whole.
+    if any(k.runs > 1 and "_dot_atten" not in k.scope and "compute_loss" not in k.scope
+           for k in kernels):
+        notes.append(SCANNED_NOTE)
     for t in traffic:
         kernels.append(Kernel(f"{t.op} over {'+'.join(t.axes) or '?'} ({t.links})",
                               "collectives", t.count, 0.0, t.sent_bytes,
