@@ -318,10 +318,15 @@ def _experiment_hyperparameters(definitions: dict, experiment: str | None) -> se
     return None
 
 
+# Scripts that take main.py's flags (experiment, overrides, launcher flags) beside their own.
+TAKES_MAIN_FLAGS = ("bench/step_account.py",)
+
+
 def check_invocation(inv: Invocation, where: str, root: str = REPO_ROOT) -> list[str]:
     """Problems with one command's flags, each naming the flag and where it is."""
     problems = []
-    if inv.program == "main.py":
+    if inv.program == "main.py" or inv.program in TAKES_MAIN_FLAGS:
+        own = script_flags(inv.program, root) if inv.program in TAKES_MAIN_FLAGS else ()
         definitions = code_definitions(root)
         defined = definitions["flags"]
         declared = _experiment_hyperparameters(definitions, inv.experiment)
@@ -338,10 +343,10 @@ def check_invocation(inv: Invocation, where: str, root: str = REPO_ROOT) -> list
                 elif declared is None and field not in anywhere:
                     problems.append(f"{where}: --fdl.{field}: no experiment declares {field}")
                 continue
-            ok = name in defined or name in _ABSL_APP_FLAGS or (
+            ok = name in defined or name in own or name in _ABSL_APP_FLAGS or (
                 name.startswith("no") and defined.get(name[2:]) is True)
             if not ok:
-                problems.append(f"{where}: --{name} is not a flag of main.py")
+                problems.append(f"{where}: --{name} is not a flag of {inv.program}")
     else:
         accepted = script_flags(inv.program, root)
         for flag in inv.flags:
