@@ -86,6 +86,7 @@ def test_the_total_is_every_group_and_every_kernel_is_in_one():
 
 @pytest.mark.parametrize("scope,group", [
     ("lm/self_attention._dot_atten/einsum", "attention"),
+    ("lm/self_attention._fused_context/einsum", "attention"),  # the grouped-query layer's
     ("jit(step)/jvp(lm.apply)/lm/ff_layer/einsum", "matmuls"),
 ])
 def test_matmuls_in_attention_count_as_attention(scope, group):

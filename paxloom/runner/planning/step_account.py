@@ -22,7 +22,8 @@ GPU (`compiled.cost_analysis()` is None there), so the counts follow its rules h
   buffer in place (dynamic-update-slice: the update's bytes, read of the buffer not counted).
 
 Each kernel falls in one group, by what it is and where jax's name scope (`op_name`) says
-it came from: collectives; attention (praxis's `_dot_atten` scope); matmuls; the loss
+it came from: collectives; attention (praxis's `_dot_atten` scope, the fused kernels'
+`_fused_context`); matmuls; the loss
 (`compute_loss`, less its matmuls); the optimizer update (everything outside the model's
 forward `jvp(...)` and backward `transpose(jvp(...))`: gradient norms, the optax update);
 copies and transposes; elementwise and reductions (the rest: norms, activations, residuals).
@@ -144,7 +145,7 @@ def account(program: str, device, traffic=(), interconnect=None,
                                            device.memory_bytes_per_s) * times, scope))
     # Loops the account was not checked on: a scanned layer stack (or a pipeline's), whose
     # in-place updates of stacked buffers inside async or nested fusions it may count whole.
-    if any(k.runs > 1 and "_dot_atten" not in k.scope and "compute_loss" not in k.scope
+    if any(k.runs > 1 and not _is_attention(k.scope) and "compute_loss" not in k.scope
            for k in kernels):
         notes.append(SCANNED_NOTE)
     for t in traffic:
@@ -254,8 +255,18 @@ def _kernel(name, shape, op, rest, scope, shapes, computations, flops_of):
     return _group(name, op, scope, matmul), flops, nbytes
 
 
+# jax's name scopes of attention's scores-softmax-context step: praxis's `_dot_atten`, and
+# the fused kernels' `_fused_context` (layers/attention.py), which the grouped-query layer
+# calls without it.
+_ATTENTION_SCOPES = ("_dot_atten", "_fused_context")
+
+
+def _is_attention(scope: str) -> bool:
+    return any(name in scope for name in _ATTENTION_SCOPES)
+
+
 def _group(name: str, op: str, scope: str, matmul: bool) -> str:
-    if "_dot_atten" in scope:
+    if _is_attention(scope):
         return "attention"
     if matmul:
         return "matmuls"
