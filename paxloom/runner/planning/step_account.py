@@ -152,8 +152,11 @@ def account(program: str, device, traffic=(), interconnect=None,
         kernels.append(Kernel(f"{t.op} over {'+'.join(t.axes) or '?'} ({t.links})",
                               "collectives", t.count, 0.0, t.sent_bytes,
                               links.seconds(t, interconnect)))
-    if attention is not None:
-        standing_in = [k for k in kernels if k.group == "attention"]
+    standing_in = [k for k in kernels if k.group == "attention"]
+    if attention is not None and not standing_in:
+        notes.append(f"attention: {attention.name}'s stand-in was not found by its name scope; "
+                     f"its kernels count in the other groups")
+    elif attention is not None:
         kernels = [k for k in kernels if k.group != "attention"]
         kernels += attention.kernels(device)
         notes.append(f"attention: {attention.name}'s own FLOPs and bytes "
