@@ -248,8 +248,9 @@ def measure_paxloom(exp, steps: int, warmup: int, peak_tflops: float = 0.0,
                     profile_steps: int = 0) -> dict:
     """Train `exp` (its `config`, exp.run_config() unless given) as main.py would and
     measure it; with `profile_steps`, that many more steps under jax's profiler, summarized
-    per kernel (bench/profile_summary.py) as the row's "profile". UserError when its compiled step cannot fit what the device can give (its
-    allocator's limit, or `device_memory_gb`, main.py's --device_memory_gb)."""
+    per kernel (bench/profile_summary.py) as the row's "profile". UserError when its
+    compiled step cannot fit what the device can give (its allocator's limit, or
+    `device_memory_gb`, main.py's --device_memory_gb)."""
     import jax
     from praxis import pax_fiddle
 

@@ -171,19 +171,23 @@ def kernel_buffer_floor(p: Plan, changed: dict) -> int:
     not shrink with rematerialisation or a mesh that keeps those rows; with its state where the
     change keeps the sharding too. 0 where the change's buffers are not known (another segment
     bound, pipeline microbatches) or the plan has none."""
-    kernel, hp = p.memory.kernel_buffers, p.hyperparameters
+    kernel = p.memory.kernel_buffers
     if not kernel:
         return 0
-    if set(changed) == {"CHECKPOINT_POLICY"}:
-        return kernel + p.memory.state
-    if set(changed) == {"PERCORE_BATCH_SIZE"}:
-        return int(kernel * changed["PERCORE_BATCH_SIZE"] / hp["PERCORE_BATCH_SIZE"]) + p.memory.state
-    if set(changed) == {"GRADIENT_ACCUMULATION_STEPS"}:
-        return int(kernel * p.accumulation_steps / changed["GRADIENT_ACCUMULATION_STEPS"]) \
-            + p.memory.state
     if set(changed) <= {"ICI_MESH_SHAPE", "DCN_MESH_SHAPE"}:  # replica axes made FSDP: same rows
         return kernel
-    return 0
+    if len(changed) != 1:
+        return 0
+    (name, value), = changed.items()
+    if name == "CHECKPOINT_POLICY":
+        rows = 1.0  # the rows a device runs at once, against the plan's
+    elif name == "PERCORE_BATCH_SIZE":
+        rows = value / p.hyperparameters["PERCORE_BATCH_SIZE"]
+    elif name == "GRADIENT_ACCUMULATION_STEPS":
+        rows = p.accumulation_steps / value
+    else:
+        return 0
+    return int(kernel * rows) + p.memory.state
 
 
 def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
