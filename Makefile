@@ -21,7 +21,7 @@ PYTHON := $(shell for p in python3.12 python3.13 \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
 endif
 
-.PHONY: install install-test run test test-unit test-all test-newest lint docs bench clean
+.PHONY: install install-test run test test-unit test-all newest-env test-newest test-on-newest lint docs bench clean
 
 install: $(STAMP)
 install-test: $(TEST_STAMP)
@@ -67,10 +67,11 @@ test-all: $(TEST_STAMP)
 # The run on the newest jax: a user's environment with the newest jax, jaxlib and
 # flax the registry serves, into which Paxloom installs from the lock less those (and the
 # planner's CUDA plugin, taken at that jaxlib's release); the install must keep them. Then
-# the unit tests and the default training run.
+# the unit tests and the default training run. newest-env alone builds that environment
+# (.ci/run builds it while the whole suite runs).
 NEWEST := .venv-newest
 NEWEST_FREE := jax|jaxlib|flax|jax-cuda13-pjrt|jax-cuda13-plugin
-test-newest:
+newest-env:
 	rm -rf $(NEWEST)
 	$(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/pip install --quiet --upgrade pip
@@ -83,6 +84,12 @@ test-newest:
 	@$(NEWEST)/bin/pip freeze | grep -E '^(jax|jaxlib|flax)==' | diff $(NEWEST)/users-jax.txt - \
 		|| { echo "make: installing Paxloom changed the newest jax/jaxlib/flax (above): widen setup.cfg's ranges once the suite passes on them"; exit 1; }
 	@echo "newest: $$(tr '\n' ' ' < $(NEWEST)/users-jax.txt)"
+
+test-newest: newest-env
+	$(MAKE) test-on-newest
+
+# The unit tests and the default training run in the environment newest-env built.
+test-on-newest:
 	$(MAKE) VENV=$(NEWEST) LOCK=$(NEWEST)/constraints.txt test-unit run
 
 # The documentation site, built into site/ (tests/test_docs.py builds it strictly too).
@@ -96,4 +103,4 @@ bench: $(STAMP)
 	$(CPU8) $(PY) bench/step_overhead.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) runs site
+	rm -rf $(VENV) $(NEWEST) newest-env.log runs site

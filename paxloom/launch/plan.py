@@ -60,6 +60,9 @@ def _literal(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value).replace(" ", "")
 
 
+SEGMENTS = "documents per row (MAX_SEGMENTS_PER_SEQ)"
+
+
 def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
     """Per kind of change, single changes from the cheapest to the dearest."""
     hp = p.hyperparameters
@@ -110,7 +113,7 @@ def candidate_changes(p: Plan) -> dict[str, list[tuple[dict, str]]]:
                      f"at a row's end counts as one): a little more padding")
                     for m in (32, 16, 8) if m < bound]
     # The segment bound first where it matters: it costs a little padding, nothing else.
-    changes = {"documents per row (MAX_SEGMENTS_PER_SEQ)": segments} if segments else {}
+    changes = {SEGMENTS: segments} if segments else {}
     changes |= {"rematerialisation (CHECKPOINT_POLICY)": remat,
                 "smaller batch (PERCORE_BATCH_SIZE)": smaller,
                 "gradient accumulation (GRADIENT_ACCUMULATION_STEPS)": accumulate,
@@ -145,6 +148,8 @@ def find_changes(exp, p: Plan, budget: int, variant_graph,
     would build it (its graph overrides kept)."""
     found = {}
     for kind, candidates in candidate_changes(p).items():
+        if any(c.plan is not None and fits(c.plan, budget) for c in found.get(SEGMENTS, ())):
+            break  # a lower segment bound costs a little padding: dearer kinds are not needed
         tried = []
         for changed, cost in candidates:
             floor = kernel_buffer_floor(p, changed)
@@ -228,10 +233,13 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
                 f"{format_duration(count * first_plan_s)} ({first_plan_s:.0f}s each, as "
                 f"long as the first plan took)")
         fitting = []
-        for kind, tried in find_changes(exp, p, budget, variant_graph,
-                                        device_memory_gb).items():
+        found = find_changes(exp, p, budget, variant_graph, device_memory_gb)
+        for kind, tried in found.items():
             lines += _describe_changes(kind, tried, budget)
             fitting += [c for c in tried if c.plan is not None and fits(c.plan, budget)]
+        if skipped := [kind for kind in candidate_changes(p) if kind not in found]:
+            lines.append(f"  not re-planned, since a lower segment bound fits at the cost of a "
+                         f"little padding: {', '.join(skipped)}")
         if fitting:  # the first kind's is the cheapest: the kinds are tried in that order
             lines += ["", f"To launch the first that fits (with this command line's other "
                           f"flags): {launch} {fitting[0].flags} --job_log_dir=runs/NAME"]
