@@ -111,7 +111,8 @@ def main() -> None:
                         "default: the sample corpus")
     parser.add_argument("--vocab_path", help="the tokenizer of --files (default: the sample "
                         "corpus's SentencePiece model)")
-    parser.add_argument("--cache_dir", help="where --files are tokenized (default: beside them)")
+    parser.add_argument("--cache_dir", help="where --files are tokenized (default: the token "
+                        "cache, ~/.cache/paxloom/tokenized)")
     parser.add_argument("--pile_sample", type=int, default=0, metavar="N",
                         help="N Pile-shaped document lengths instead of files (see above)")
     parser.add_argument("--sigma", type=float, default=1.5,

@@ -146,7 +146,8 @@ class BaseExperiment(groups.Model, groups.Architecture, groups.Parallelism, grou
             eval_batches=self.EVAL_BATCHES, lambada_eval=self.LAMBADA_EVAL,
             lambada_max_examples=self.LAMBADA_MAX_EXAMPLES,
             validation_files=self.VALIDATION_FILES,
-            validation_fraction=self.VALIDATION_FRACTION, data_dir=data_dir,
+            validation_fraction=self.VALIDATION_FRACTION, text_field=self.TEXT_FIELD,
+            add_bos=self.ADD_BOS, add_eos=self.ADD_EOS, data_dir=data_dir,
             vocab_path=vocab_path, cache_dir=cache_dir, weights_vocab=weights_vocab)
 
     def train_dataset(self, settings: "data.DataSettings"):

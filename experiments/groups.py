@@ -435,8 +435,29 @@ class Data(Group):
     # EVAL_BATCHES batches of it every EVAL_INTERVAL_STEPS.
     VALIDATION_FILES: str | None = None
     VALIDATION_FRACTION: float = 0.0
+    # The jsonl key, or parquet/Arrow column, that holds each document's text: the training
+    # files' and their validation files' alike (datasets that take it: "text", "pile").
+    TEXT_FIELD: str = "text"
+    # The tokens around every document (paxloom/core/framing.py), in training, evaluation,
+    # decoding and the exported tokenizer alike. ADD_BOS: a BOS before each document; None:
+    # as the tokenizer's own post-processor does (a tokenizer.json that puts a BOS first,
+    # as Llama 3's; a SentencePiece model adds none, as Pax). ADD_EOS: an EOS after each.
+    ADD_BOS: bool | None = None
+    ADD_EOS: bool = True
 
     def _check(self) -> None:
+        if self.ADD_BOS is False and not self.ADD_EOS:
+            raise UserError("ADD_BOS=False and ADD_EOS=False: documents would have no mark "
+                            "where one ends and the next begins; set --fdl.ADD_EOS=True")
+        if not self.TEXT_FIELD:
+            raise UserError("TEXT_FIELD='' must name the jsonl key or parquet column that "
+                            "holds the text, e.g. --fdl.TEXT_FIELD=content")
+        dataset = self.dataset() if self.TEXT_FIELD != "text" else None
+        if dataset is not None and not getattr(dataset, "takes_text_field", False):
+            raise UserError(f"TEXT_FIELD={self.TEXT_FIELD!r}: {type(self).__name__}'s dataset "
+                            f"({type(dataset).__name__}) has no text field to choose; "
+                            f"TEXT_FIELD is for jsonl and parquet files (DATASET='text', or "
+                            f"'pile' with jsonl of your own)")
         if not 0.0 <= self.VALIDATION_FRACTION < 1.0:
             raise UserError(f"VALIDATION_FRACTION={self.VALIDATION_FRACTION} must be in "
                             f"[0, 1), e.g. 0.01")

@@ -12,7 +12,7 @@ import types
 import typing
 
 from experiments import pax_compat
-from paxloom.core.errors import UserError, near_matches
+from paxloom.core.errors import UserError, unknown_choice, unknown_name
 
 
 class Group:
@@ -39,8 +39,8 @@ class Hyperparameters:
             if name not in declared:
                 raise UserError(
                     f"{cls.__module__}.{cls.__name__} sets {name}, which is not a declared "
-                    f"hyperparameter{near_matches(name, declared)}; to add a new one, "
-                    f"annotate it: `{name}: int = ...`"
+                    f"hyperparameter{unknown_name(name, declared, value, flag=False)}; to "
+                    f"add a new one, annotate it: `{name}: int = ...`"
                 )
             if name not in own_annotations:
                 check_value(f"{cls.__name__}.{name}", name, value, declared[name],
@@ -71,7 +71,7 @@ class Hyperparameters:
             if name not in declared:
                 raise UserError(
                     f"--fdl.{name}: {type(self).__name__} has no hyperparameter {name}"
-                    f"{near_matches(name, declared)}"
+                    f"{unknown_name(name, declared, value)}"
                 )
             check_value(f"--fdl.{name}", name, value, declared[name], self.CHOICES)
             if float in (declared[name], optional_of(declared[name])) and value is not None:
@@ -137,7 +137,7 @@ def check_value(where: str, name: str, value, hint, choices: dict) -> None:
     if name in choices and value not in choices[name]:
         raise UserError(
             f"{where}={value!r} is not one of {', '.join(choices[name])}"
-            f"{near_matches(str(value), choices[name])}"
+            f"{unknown_choice(name, value, choices[name], flag=where.startswith('--'))}"
         )
 
 

@@ -17,7 +17,7 @@ import re
 
 import fiddle as fdl
 
-from paxloom.core.errors import UserError, near_matches
+from paxloom.core.errors import UserError, near_matches, unknown_name
 
 FDL_PREFIX = "--fdl."
 _HYPERPARAMETER = re.compile(r"[A-Z][A-Z0-9_]*")
@@ -71,7 +71,9 @@ def hyperparameter_values(overrides: dict[str, str], declared: dict[str, type]) 
         if hint in (bool, bool | None):
             values[name] = boolean(flag, raw, none_ok=hint is not bool)
         else:
-            values[name] = literal(flag, raw, hint in (str, str | None, str | type))
+            # An undeclared name takes a bare word too, so its error is the unknown name's
+            # (with MaxText's spelling translated: --fdl.REMAT_POLICY=full), not the literal's.
+            values[name] = literal(flag, raw, hint in (str, str | None, str | type, None))
     return values
 
 
@@ -85,10 +87,10 @@ def apply_to_graph(config: fdl.Buildable, overrides: dict[str, str],
     changes = []
     for path, raw in overrides.items():
         flag = f"--fdl.{path}"
-        parent, last = _resolve_parent(config, path, flag, hyperparameter_names)
+        parent, last = _resolve_parent(config, path, flag, hyperparameter_names, raw)
         old = _get(parent, last)
         if isinstance(old, fdl.Buildable):
-            hint = near_matches(path, hyperparameter_names) if "." not in path else ""
+            hint = unknown_name(path, hyperparameter_names, raw) if "." not in path else ""
             raise UserError(f"{flag}: {path} is a {type(old).__name__} of "
                             f"{fdl.get_callable(old).__name__}, not a value; set one of its "
                             f"fields ({path}.NAME=VALUE){hint}")
@@ -162,7 +164,7 @@ def _fields(node) -> list[str]:
     return []
 
 
-def _resolve_parent(config, path: str, flag: str, hyperparameter_names):
+def _resolve_parent(config, path: str, flag: str, hyperparameter_names, raw=None):
     parts = _components(path, flag)
     node, walked = config, ""
     for part in parts[:-1]:
@@ -170,11 +172,11 @@ def _resolve_parent(config, path: str, flag: str, hyperparameter_names):
         node = _get(node, part)
         walked = f"{walked}[{part}]" if isinstance(part, int) else f"{walked}.{part}".lstrip(".")
     last = parts[-1]
-    _get_checked(node, last, walked, flag, hyperparameter_names)
+    _get_checked(node, last, walked, flag, hyperparameter_names, raw)
     return node, last
 
 
-def _get_checked(node, part, walked, flag, hyperparameter_names) -> None:
+def _get_checked(node, part, walked, flag, hyperparameter_names, raw=None) -> None:
     where = walked or "the run's Fiddle graph"
     if isinstance(part, int):
         if not isinstance(node, (list, tuple)) or not 0 <= part < len(node):
@@ -188,9 +190,12 @@ def _get_checked(node, part, walked, flag, hyperparameter_names) -> None:
                       for p in node.__signature_info__.parameters.values())
     if part not in fields and not accepts_any:
         candidates = fields + (list(hyperparameter_names) if not walked else [])
+        # At the top, a lower-case MaxText name (--fdl.per_device_batch_size) gets its
+        # Paxloom equivalent; deeper, a field's name is the graph's own.
+        hint = (unknown_name(part, candidates, raw) if not walked and raw is not None
+                else near_matches(part, candidates))
         raise UserError(f"{flag}: {where} ({fdl.get_callable(node).__name__}) has no field "
-                        f"{part}{near_matches(part, candidates)}; --print_config lists the "
-                        f"graph's fields")
+                        f"{part}{hint}; --print_config lists the graph's fields")
 
 
 def _get(node, part):

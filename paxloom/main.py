@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     # Imported here, not above: a missing dependency (praxis) is then one line, exit 2.
     from experiments import overrides
     from paxloom.launch import flags as launch_flags
-    from paxloom.launch import resolve
+    from paxloom.launch import launcher, resolve
     from paxloom.runner.cluster import compilation_cache, xla_flags
 
     rest, hyperparameter_overrides, graph_overrides = overrides.split(argv)
@@ -48,6 +48,9 @@ def main(argv: list[str]) -> int:
         data_dir=FLAGS.data_dir or FLAGS.tfds_data_dir or os.environ.get("TFDS_DATA_DIR"),
         vocab_path=FLAGS.vocab_path or os.environ.get("VOCAB_PATH"),
         cache_dir=FLAGS.cache_dir, eval_on_test=FLAGS.eval_on_test), hyperparameter_overrides)
+    replaced = launcher.note(exp, argv)  # what a scripts_gpu/ launcher set over the class's
+    if replaced:
+        print(replaced, file=sys.stderr)
     if FLAGS.plan_search and FLAGS.mode != "plan":
         raise UserError("--plan_search searches layouts for --mode=plan; add --mode=plan")
     if FLAGS.mode == "plan" and FLAGS.plan_search:

@@ -73,7 +73,8 @@ fake_cpu_devices() {  # NUM
 
 # --help, or too few arguments, prints the calling script's usage(). Then the six arguments,
 # checked, become TFDS_DATA_DIR VOCAB_PATH PREC NUM_GPUS PERCORE_BATCH_SIZE LOG_DIR; the
-# caller shifts them off, so that "$@" is left with the user's extra main.py flags.
+# caller shifts them off, so that "$@" is left with the user's extra main.py flags. An empty
+# PRECISION or PERCORE_BATCH_SIZE keeps the experiment's own FPROP_DTYPE or batch size.
 read_launcher_args() {  # NUM_GPUS_NAME "$@"; NUM_GPUS_NAME: the fourth argument in messages
   local num_gpus_name=$1
   shift
@@ -81,11 +82,34 @@ read_launcher_args() {  # NUM_GPUS_NAME "$@"; NUM_GPUS_NAME: the fourth argument
   if (($# < 6)); then usage >&2; exit 2; fi
   TFDS_DATA_DIR=$1 VOCAB_PATH=$2 PREC=$3 NUM_GPUS=$4 PERCORE_BATCH_SIZE=$5 LOG_DIR=$6
   require_positive_int "$num_gpus_name" "$NUM_GPUS"
-  require_number PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE"
+  if [[ -n "$PERCORE_BATCH_SIZE" ]]; then require_number PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE"; fi
   require_dir TFDS_DATA_DIR "$TFDS_DATA_DIR"
   require_file VOCAB_PATH "$VOCAB_PATH"
   ICI_MESH_SHAPE=${ICI_MESH_SHAPE-[${NUM_GPUS},1,1]}
   export VOCAB_PATH
+  # How a user keeps the experiment's own precision and batch size (main.py's note names it):
+  # the submit file's variable where one passed the arguments on (example_slurm_pile.sub
+  # exports PAXLOOM_ARG_NAMES, the names of the six), else the argument itself.
+  local names
+  read -r -a names <<< "${PAXLOOM_ARG_NAMES:-}"
+  if ((${#names[@]} == 6)); then
+    KEEP_PREC="set ${names[2]}= to keep it" KEEP_BATCH="set ${names[4]}= to keep it"
+  else
+    KEEP_PREC="give PRECISION as '' to keep it" KEEP_BATCH="give PERCORE_BATCH_SIZE as '' to keep it"
+  fi
+}
+
+# What the launcher sets: each hyperparameter the script chooses a value for goes through
+# launcher_flag, which adds --fdl.NAME=VALUE to args (an empty VALUE adds nothing: the
+# experiment's own stays) and lists it, with how to keep the experiment's own value, in
+# PAXLOOM_LAUNCHER_FLAGS (one "--fdl.NAME=VALUE<TAB>HOW" a line, exported to main.py).
+# main.py's start names each one that replaces a value the experiment class declares
+# (paxloom/launch/launcher.py); the user's own --fdl. flags are not listed.
+PAXLOOM_LAUNCHER_FLAGS=""  # this launcher's own, never a caller's
+launcher_flag() {  # NAME VALUE HOW
+  [[ -n "$2" ]] || return 0
+  args+=("--fdl.$1=$2")
+  PAXLOOM_LAUNCHER_FLAGS+="--fdl.$1=$2"$'\t'"$3"$'\n'
 }
 
 # Sets the array args to main.py's flags for the six arguments; $@ goes right after
@@ -98,14 +122,14 @@ main_args() {
     --job_log_dir="$LOG_DIR"
     --data_dir="$TFDS_DATA_DIR"
     --vocab_path="$VOCAB_PATH"
-    --fdl.FPROP_DTYPE=\""$PREC"\"
-    --fdl.PERCORE_BATCH_SIZE="$PERCORE_BATCH_SIZE"
   )
+  launcher_flag FPROP_DTYPE "${PREC:+\"$PREC\"}" "$KEEP_PREC"
+  launcher_flag PERCORE_BATCH_SIZE "$PERCORE_BATCH_SIZE" "$KEEP_BATCH"
 }
 
 # An empty ICI_MESH_SHAPE or DCN_MESH_SHAPE keeps the experiment's own mesh.
 add_mesh_flag() {  # ICI_MESH_SHAPE|DCN_MESH_SHAPE
-  if [[ -n "${!1}" ]]; then args+=("--fdl.$1=${!1}"); fi
+  launcher_flag "$1" "${!1}" "set $1= to keep it"
 }
 
 # Prints the command (after PREFIX) and runs main.py with args, then the user's flags ($@).
@@ -114,5 +138,6 @@ exec_main() {  # PREFIX "$@"
   local prefix=$1
   shift
   echo "+ ${prefix}$PYTHON -u $MAIN_PY ${args[*]} $*" >&2
+  export PAXLOOM_LAUNCHER_FLAGS
   exec "$PYTHON" -u "$MAIN_PY" "${args[@]}" "$@"
 }

@@ -15,7 +15,9 @@ Environment:
   EXPERIMENT=GPT126M  experiment to run (GPT5B, GPT175B, my_pkg.exps.MyGPT, ...)
   ICI_MESH_SHAPE      default [NUM_GPUS_PER_NODE,1,1]; DCN_MESH_SHAPE default [NUM_NODES,1,1].
                       Set either to an empty string to keep the experiment's own mesh
-                      (GPT5B and GPT175B carry tuned ones).
+                      (GPT5B and GPT175B carry tuned ones); '' as PRECISION or
+                      PERCORE_BATCH_SIZE keeps the experiment's too. The run's start names
+                      each value set here that replaces the experiment's own.
   NUM_NODES           default \$SLURM_JOB_NUM_NODES
   PYTHON, XLA_FLAGS   as for run_pile_singlenode.sh
 

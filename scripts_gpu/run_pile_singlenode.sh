@@ -6,17 +6,21 @@ usage() {
   cat <<EOF
 Usage: $(basename "$0") TFDS_DATA_DIR VOCAB_PATH PRECISION NUM_GPUS PERCORE_BATCH_SIZE LOGDIR [main.py flags...]
 
-  TFDS_DATA_DIR       directory holding The Pile (and Lambada, for the interleaved eval)
+  TFDS_DATA_DIR       directory holding The Pile (and Lambada, for the interleaved eval),
+                      or your own jsonl/parquet files (an experiment with DATASET="text")
   VOCAB_PATH          SentencePiece .model file
-  PRECISION           float32 or bfloat16 (sets --fdl.FPROP_DTYPE)
+  PRECISION           float32 or bfloat16 (sets --fdl.FPROP_DTYPE); '' keeps the experiment's
   NUM_GPUS            devices on this node; ICI_MESH_SHAPE defaults to [NUM_GPUS,1,1]
-  PERCORE_BATCH_SIZE  sequences per device before sharding (may be fractional with TP)
+  PERCORE_BATCH_SIZE  sequences per device before sharding (may be fractional with TP);
+                      '' keeps the experiment's
   LOGDIR              checkpoints, TensorBoard events and the resolved config go here
   extra flags         passed to main.py as is, e.g. --fdl.MAX_STEPS=100
 
 Environment:
   EXPERIMENT=GPT126M  experiment to run (GPT5B, Synthetic126M, Tiny, my_pkg.exps.MyGPT, ...)
   ICI_MESH_SHAPE      overrides [NUM_GPUS,1,1]; empty leaves the experiment's own mesh
+                      (the run's start names each value set here that replaces the
+                      experiment's own)
   PYTHON              interpreter (default: the clone's .venv, else python3)
   XLA_FLAGS           appended to the recommended flags (BASE_XLA_FLAGS replaces those)
   JAX_PLATFORMS=cpu   run on CPU with NUM_GPUS fake devices

@@ -24,9 +24,10 @@ eval_task='boolq'):
   padding rows excluded. Both answer words must therefore be single tokens.
 
 Where it differs, and why:
-- BOS: Paxloom's data layer starts every document with the tokenizer's EOS (tasks/packing.py),
-  so that is the default BOS here too; `BoolQ(bos_id=1)` gives LLaMA's SentencePiece BOS for a
-  model imported from Pax or Hugging Face.
+- BOS: a row starts with the token every document of the run starts with
+  (paxloom/core/framing.py: the tokenizer's EOS, Pax's framing, or its BOS under ADD_BOS);
+  `BoolQ(bos_id=1)` gives LLaMA's SentencePiece BOS for a model imported from Pax or
+  Hugging Face whatever ADD_BOS says.
 - Truncation: Pax gives the inputs MAX_SEQ_LEN - 64 tokens (64 are its targets feature) and
   seqio keeps the first ones, which cuts off the question and "answer:" of a long passage.
   Here an input keeps its last tokens, so the question survives; the budget is the same
@@ -48,6 +49,7 @@ import numpy as np
 
 from paxloom.core.data import DataSettings, Tokenizer
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
 from paxloom.core.spec import Evaluation
 from tasks import tfds
 from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
@@ -266,7 +268,7 @@ def _encoded(path, tokenizer, answer_ids, seq_len, bos_id, max_input_tokens,
     examples = read_boolq(path)
     if max_examples:
         examples = examples[:max_examples]
-    bos = tokenizer.eos_id if bos_id < 0 else bos_id
+    bos = framing_of(tokenizer).start_id if bos_id < 0 else bos_id
     tokens = encode_examples(examples, tokenizer, answer_ids, bos,
                              input_budget(seq_len, max_input_tokens),
                              num_threads=min(8, os.cpu_count() or 1))
@@ -416,12 +418,14 @@ class BoolQEval(Evaluation):
 
 
 def boolq_tokenizer(*, vocab_path, vocab_size: int,
-                    weights_vocab: tuple[int, str] | None = None) -> Tokenizer:
+                    weights_vocab: tuple[int, str] | None = None, add_bos: bool | None = None,
+                    add_eos: bool = True) -> Tokenizer:
     if not vocab_path:
         raise UserError("DATASET='boolq' needs --vocab_path naming its tokenizer (a "
                         "SentencePiece .model or a tokenizer.json) with 'yes' and 'no' as "
                         "single tokens, e.g. LLaMA's tokenizer.model")
-    return vocabulary(vocab_path=vocab_path, vocab_size=vocab_size, weights_vocab=weights_vocab)
+    return vocabulary(vocab_path=vocab_path, vocab_size=vocab_size, weights_vocab=weights_vocab,
+                      add_bos=add_bos, add_eos=add_eos)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,7 +438,7 @@ class BoolQ:
     train: bool = True  # False: the dev split only (evaluation-only experiments)
     max_eval_examples: int = 0  # 0: the whole dev split
     max_input_tokens: int = 0  # 0: MAX_SEQ_LEN - 64 as Pax (see input_budget)
-    bos_id: int = -1  # -1: the tokenizer's EOS (Paxloom's document start); LLaMA's BOS is 1
+    bos_id: int = -1  # -1: the run's document start (EOS, or BOS under ADD_BOS); LLaMA's is 1
     answer_words: tuple[str, str] = ANSWER_WORDS
 
     def __post_init__(self):
@@ -447,7 +451,8 @@ class BoolQ:
         tokenizer = fdl.Config(boolq_tokenizer,
                                vocab_path=self.tokenizer_path or settings.vocab_path,
                                vocab_size=settings.vocab_size,
-                               weights_vocab=settings.weights_vocab)
+                               weights_vocab=settings.weights_vocab,
+                               add_bos=settings.add_bos, add_eos=settings.add_eos)
         return data_dir, tokenizer, fdl.Config(answer_token_ids, tokenizer, self.answer_words)
 
     def _input_args(self, settings: DataSettings, split: str) -> dict:

@@ -28,8 +28,9 @@ from paxloom.core.errors import UserError, near_matches
 from tasks import evaluations, layout, sample_corpus, synthetic
 from tasks.boolq import BoolQ
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
-from tasks.nodes import check_files, lambada_evaluation, required_data_dir, vocabulary
+from tasks.nodes import check_files, lambada_evaluation, required_data_dir, tokenizer_node
 from tasks.text import TextFiles
+from tasks.text_formats import TextFormat
 
 _REGISTRY: dict[str, type] = {}
 
@@ -87,8 +88,7 @@ class Synthetic:
     def tokenizer(self, settings: DataSettings):
         if not settings.vocab_path:
             return None
-        return fdl.Config(vocabulary, vocab_path=settings.vocab_path,
-                          vocab_size=settings.vocab_size, weights_vocab=settings.weights_vocab)
+        return tokenizer_node(settings, settings.vocab_path)
 
 
 # ----- The Pile layout: pile/ and lambada/ under a directory ------------------------------
@@ -100,6 +100,8 @@ class _PileLayout:
     Lambada beside it, tokenized by a SentencePiece model."""
 
     train: bool = True  # False: Lambada only (an evaluation-only experiment)
+    # TEXT_FIELD: the key of the jsonl files' text (Pax's TFDS shards have their 'text').
+    takes_text_field = True
 
     def _data_dir(self, settings: DataSettings):
         return fdl.Config(required_data_dir, settings.data_dir)
@@ -113,7 +115,8 @@ class _PileLayout:
         return fdl.Partial(pile_train_input, data_dir=self._nodes(settings)[0],
                            vocab=self.tokenizer(settings), seq_len=settings.seq_len,
                            seed=settings.seed, packed=settings.packed,
-                           max_segments=settings.max_segments, cache_dir=settings.cache_dir)
+                           max_segments=settings.max_segments, cache_dir=settings.cache_dir,
+                           **self._text_format(settings))
 
     def evaluations(self, settings: DataSettings):
         data_dir, vocab = self._nodes(settings)
@@ -124,7 +127,8 @@ class _PileLayout:
                 make_input=fdl.Partial(pile_eval_input, data_dir=data_dir, vocab=vocab,
                                        seq_len=settings.seq_len,
                                        num_batches=settings.eval_batches,
-                                       max_segments=settings.max_segments)))
+                                       max_segments=settings.max_segments,
+                                       **self._text_format(settings))))
         if settings.lambada_eval:
             evals.append(lambada_evaluation(settings, data_dir, vocab,
                                             settings.lambada_max_examples))
@@ -137,11 +141,17 @@ class _PileLayout:
         return self._nodes(settings)[1]
 
     @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
+    def _text_format(self, settings: DataSettings) -> dict:
+        """{"text_format": node} of a TEXT_FIELD other than 'text', one node for training and
+        Pile validation alike; {} for The Pile's own key (its graph as it always was)."""
+        if settings.text_field == "text":
+            return {}
+        return {"text_format": fdl.Config(TextFormat, settings.text_field)}
+
+    @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
     def _nodes(self, settings: DataSettings):
         """(data_dir, vocabulary) nodes, shared by every input so each is built once."""
-        return self._data_dir(settings), fdl.Config(
-            vocabulary, vocab_path=self._vocab_path(settings), vocab_size=settings.vocab_size,
-            weights_vocab=settings.weights_vocab)
+        return self._data_dir(settings), tokenizer_node(settings, self._vocab_path(settings))
 
 
 @register("pile")
@@ -157,6 +167,7 @@ class LambadaOnly(_PileLayout):
     """No training data: Lambada under --data_dir, for evaluation-only experiments."""
 
     train: bool = False
+    takes_text_field = False
 
 
 @register("sample")
@@ -164,6 +175,8 @@ class LambadaOnly(_PileLayout):
 class Sample(_PileLayout):
     """The built-in sample corpus: Python's own documentation in The Pile's layout, with a
     SentencePiece model trained on it, built on first use (tasks/sample_corpus.py)."""
+
+    takes_text_field = False  # the corpus is built with The Pile's 'text'
 
     def _data_dir(self, settings: DataSettings):
         return fdl.Config(sample_data_dir)
@@ -182,16 +195,17 @@ def sample_vocab_path() -> str:
 
 
 def pile_train_input(*, data_dir, vocab, seq_len, seed, packed, global_batch_size, process_rows,
-                     cache_dir=None, max_segments=0):
+                     cache_dir=None, max_segments=0, text_format=None):
     return PileTrainInput(layout.pile_train_files(data_dir), vocab, seq_len, global_batch_size,
                           process_rows, seed, packed=packed, cache_dir=cache_dir,
-                          max_segments=max_segments)
+                          max_segments=max_segments, text_format=text_format or TextFormat())
 
 
 def pile_eval_input(*, data_dir, vocab, seq_len, num_batches, global_batch_size, process_rows,
-                    max_segments=0):
+                    max_segments=0, text_format=None):
     return PileEvalInput(layout.pile_val_files(data_dir), vocab, seq_len, global_batch_size,
-                         num_batches, process_rows, max_segments=max_segments)
+                         num_batches, process_rows, max_segments=max_segments,
+                         text_format=text_format or TextFormat())
 
 
 # Checked before the first step (paxloom/core/data.py), not when first read.

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
 from paxloom.core.log import log
 from tasks.packing import make_batch, pack_documents, pad_batch_rows
 from tasks.prepare import PreparedFile, Tokenizer, prepare
@@ -84,10 +85,12 @@ class FeistelPermutation:
 
 
 class TokenStream:
-    """The virtual concatenation `[EOS] + shard_0 + shard_1 + ...` over memory-mapped shards."""
+    """The virtual concatenation `[EOS] + shard_0 + shard_1 + ...` over memory-mapped shards
+    (with `lead=False`, under ADD_BOS, no leading token: each document starts with its BOS)."""
 
-    def __init__(self, shards: list[PreparedFile], eos_id: int):
-        self.pieces = [np.array([eos_id], np.uint32)] + [s.tokens() for s in shards]
+    def __init__(self, shards: list[PreparedFile], eos_id: int, lead: bool = True):
+        self.pieces = ([np.array([eos_id] if lead else [], np.uint32)]
+                       + [s.tokens() for s in shards])
         lengths = [len(p) for p in self.pieces]
         self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # [pieces + 1]
         self.num_tokens = int(self.starts[-1])
@@ -106,12 +109,15 @@ class TokenStream:
         return out
 
 
-def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len: int):
+def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len: int,
+                        lead: bool = True):
     """(starts, lengths) [num_sequences] int64 of one-document rows for packed=False.
 
     Document d occupies stream[s_d : e_d] (its EOS included) and is preceded by an
     EOS, so `stream[s_d - 1 : e_d]` is the document with its BOS-like EOS; it is
     cut into ceil((e_d - s_d) / L) rows of up to L+1 tokens, overlapping by one.
+    Without `lead` (ADD_BOS) the document starts with its own BOS: its rows cut
+    `stream[s_d : e_d]`.
     """
     doc_starts, doc_ends = [], []
     for j, shard in enumerate(shards):
@@ -119,35 +125,46 @@ def _unpacked_sequences(shards: list[PreparedFile], stream: TokenStream, seq_len
         doc_ends.append(ends)
         doc_starts.append(np.concatenate([[stream.starts[j + 1]], ends[:-1]]))
     doc_starts, doc_ends = np.concatenate(doc_starts), np.concatenate(doc_ends)  # [D]
-    chunks = -(-(doc_ends - doc_starts) // seq_len)  # [D]
+    doc_starts = doc_starts - int(lead)  # [D] each document's first input token
+    chunks = -(-(doc_ends - doc_starts - 1) // seq_len)  # [D]
     doc_of_chunk = np.repeat(np.arange(len(chunks)), chunks)  # [S]
     chunk_in_doc = np.arange(len(doc_of_chunk)) - np.repeat(
         np.cumsum(chunks) - chunks, chunks
     )  # [S]
-    starts = doc_starts[doc_of_chunk] - 1 + chunk_in_doc * seq_len  # [S]
+    starts = doc_starts[doc_of_chunk] + chunk_in_doc * seq_len  # [S]
     lengths = np.minimum(seq_len + 1, doc_ends[doc_of_chunk] - starts)  # [S]
     return starts, lengths
 
 
 class TokenStreamEos:
     """Positions of the EOS tokens of a TokenStream, read from the shards' document ends
-    (memory-mapped), a window at a time: the leading EOS at 0, then each document's last."""
+    (memory-mapped), a window at a time: the leading EOS at 0, then each document's last.
+    With `lead=False` (ADD_BOS), the BOS tokens that open the segments instead: each
+    document's first."""
 
-    def __init__(self, shards: list[PreparedFile], stream: TokenStream):
+    def __init__(self, shards: list[PreparedFile], stream: TokenStream, lead: bool = True):
         self.starts = stream.starts
         self.ends = [shard.doc_ends() for shard in shards]  # [num_docs] int64 each, exclusive
+        self.lead = lead
 
     def between(self, lo: int, hi: int) -> np.ndarray:
         """[n] int64: the stream positions p of EOS tokens with lo <= p < hi, ascending."""
-        parts = [np.zeros(1, np.int64)] if lo <= 0 < hi else []
+        parts = [np.zeros(1, np.int64)] if self.lead and lo <= 0 < hi else []
         first = max(1, int(np.searchsorted(self.starts, lo, side="right")) - 1)
         for i in range(first, len(self.starts) - 1):
             base = int(self.starts[i])
             if base >= hi:
                 break
             ends = self.ends[i - 1]  # piece i is shard i-1; its EOS are at base + end - 1
-            a, b = np.searchsorted(ends, [lo - base + 1, hi - base + 1])
-            parts.append(np.asarray(ends[a:b], np.int64) + (base - 1))
+            if self.lead:
+                a, b = np.searchsorted(ends, [lo - base + 1, hi - base + 1])
+                parts.append(np.asarray(ends[a:b], np.int64) + (base - 1))
+                continue
+            # Its BOS: at base (its first document) and where each other one ends.
+            if len(ends) and lo <= base < hi:
+                parts.append(np.array([base], np.int64))
+            a, b = np.searchsorted(ends[:-1], [max(lo - base, 1), hi - base])
+            parts.append(np.asarray(ends[a:b], np.int64) + base)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -241,7 +258,7 @@ class PileTrainInput:
 
     files: raw text files (tasks.layout.pile_train_files, or tasks.text_formats.expand_files
       for a user's corpus), read as `text_format` says; they are tokenized once into
-      `cache_dir` (default <data_dir>/pile/tokenized) if not yet prepared.
+      `cache_dir` (default: the token cache, tasks/prepare.py) if not yet prepared.
     packed: pack documents across rows (the default). With packed=False each row
       holds (a piece of) one document, padded; long documents still span rows.
     max_segments: with packed, the most segments a row holds (MAX_SEGMENTS_PER_SEQ,
@@ -280,19 +297,21 @@ class PileTrainInput:
         self.max_segments = int(max_segments)
         self.text_format = text_format
         self.shards = prepare(files, vocab, cache_dir, workers, text_format=text_format)
-        self.stream = TokenStream(self.shards, vocab.eos_id)
+        self.framing = framing_of(vocab)
+        lead = self.framing.leads
+        self.stream = TokenStream(self.shards, self.framing.start_id, lead)
         self._rows = None  # PackedRows where the bound cuts a row; else rows are k*L
         if self.packed:
             self.num_sequences = (self.stream.num_tokens - 1) // self.seq_len
             self._starts = self._lengths = None
             if self.max_segments:
-                rows = packed_rows(TokenStreamEos(self.shards, self.stream).between,
+                rows = packed_rows(TokenStreamEos(self.shards, self.stream, lead).between,
                                    self.stream.num_tokens, self.seq_len, self.max_segments)
                 if rows.cut_rows:
                     self._rows, self.num_sequences = rows, rows.num_rows
         else:
             self._starts, self._lengths = _unpacked_sequences(
-                self.shards, self.stream, self.seq_len
+                self.shards, self.stream, self.seq_len, lead
             )
             self.num_sequences = len(self._starts)
         self.batches_per_epoch = self.num_sequences // self.global_batch_size
@@ -343,7 +362,8 @@ class PileTrainInput:
             rows[r, :n] = self.stream.read(start, n)
             lengths[r] = n
         self.batch_index += 1
-        return make_batch(rows, lengths, self.vocab.eos_id, packed=self.packed)
+        return make_batch(rows, lengths, self.framing.start_id, packed=self.packed,
+                          unlabelled_id=self.framing.unlabelled_id)
 
     def __iter__(self) -> Iterator[dict]:
         while True:
@@ -405,18 +425,20 @@ def raw_rows(
     """Packed (row [L+1], n_real) from raw files in order, tokenizing on the fly, at most
     `max_segments` segments a row (0: no bound; tasks/packing.py)."""
 
+    framing = framing_of(vocab)
+
     def docs():
-        eos = vocab.eos_id
         for path in files:
             batch = []
             for text in text_format.documents(path):
                 batch.append(text)
                 if len(batch) == _ENCODE_BATCH_DOCS:
-                    yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
+                    yield from map(framing.document, vocab.encode_batch(batch, num_threads))
                     batch = []
-            yield from (ids + [eos] for ids in vocab.encode_batch(batch, num_threads))
+            yield from map(framing.document, vocab.encode_batch(batch, num_threads))
 
-    return pack_documents(docs(), seq_len, vocab.eos_id, keep_last_partial, max_segments)
+    return pack_documents(docs(), seq_len, framing.start_id, keep_last_partial, max_segments,
+                          lead=framing.leads)
 
 
 class PileEvalInput:
@@ -475,7 +497,9 @@ class PileEvalInput:
                 np.asarray(lengths[b : b + self.batch_size]),
                 self.batch_size,
             )
-            batches.append(make_batch(batch_rows[lo:hi], batch_lengths[lo:hi], self.vocab.eos_id))
+            framing = framing_of(self.vocab)
+            batches.append(make_batch(batch_rows[lo:hi], batch_lengths[lo:hi], framing.start_id,
+                                      unlabelled_id=framing.unlabelled_id))
         return batches
 
     def __iter__(self) -> Iterator[dict]:

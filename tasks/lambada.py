@@ -3,8 +3,8 @@
 `lambada_test.jsonl` holds one `{"text": passage}` per line. The target is the
 passage's last whitespace-separated word with its leading space (" word"); the
 context is everything before it. Context and target are tokenized separately
-and concatenated after an EOS (which plays BOS, as in training; see
-tasks/packing.py), so the target's tokens are exactly the tokens of " word",
+and concatenated after the token every training document starts with (an EOS,
+which plays BOS, or the BOS under ADD_BOS; see paxloom/core/framing.py), so the target's tokens are exactly the tokens of " word",
 never merged with the context. A passage is correct when every target token is
 the model's argmax. Because the eval set must be exact, a bad line is a UserError,
 not a skip.
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
 from tasks import tfds
 from tasks.packing import make_batch
 from tasks.text_formats import jsonl_records
@@ -97,12 +98,13 @@ def _read_tfds_lambada(path: Path) -> list[LambadaExample]:
 def tokenize_example(
     example: LambadaExample, vocab: Vocabulary, seq_len: int
 ) -> tuple[np.ndarray, int]:
-    """([n] tokens = EOS + context + target, number of target tokens), n <= seq_len + 1.
+    """([n] tokens = start + context + target, number of target tokens), n <= seq_len + 1;
+    start is the token that opens a training document's segment (Framing.start_id).
 
     A context too long for the model loses tokens from its left end, so the
     words nearest the target are kept.
     """
-    context = [vocab.eos_id] + vocab.encode(example.context)
+    context = framing_of(vocab).prompt(vocab.encode(example.context))
     target = vocab.encode(example.target)
     room = seq_len + 1 - len(target)
     if room < 1:
@@ -143,7 +145,7 @@ def lambada_batches(
             tokens, num_target[r] = tokenize_example(examples[index], vocab, seq_len)
             rows[r, : len(tokens)] = tokens
             lengths[r] = len(tokens)
-        batch = make_batch(rows, lengths, vocab.eos_id, packed=False)
+        batch = make_batch(rows, lengths, framing_of(vocab).start_id, packed=False)
         # Label position p predicts token p+1; the targets are tokens [n-T, n), i.e. labels [n-T-1, n-1).
         pos = np.arange(seq_len)[None, :]  # [1, L]
         first = (lengths - num_target - 1)[:, None]  # [rows, 1]

@@ -14,13 +14,9 @@ the command that downloads it, so a wrong `--data_dir` fails before any model is
 built.
 """
 
-import os
 from pathlib import Path
 
-from absl import logging
-
 from paxloom.core.errors import UserError
-from paxloom.core.user_cache import user_cache_dir
 from tasks import tfds
 
 PILE_DOWNLOAD = "python scripts_gpu/download_the_pile.py --data_dir {data_dir}"
@@ -93,23 +89,3 @@ def _tfds_shards(data_dir, builder: tuple[str, str, str], split: str, missing: s
     if shards := tfds.shards(data_dir, builder, split):
         return shards
     raise UserError(missing)
-
-
-def default_cache_dir(files) -> Path:
-    """Where prepared (tokenized) shards of `files` go by default: <data_dir>/pile/tokenized
-    (beside TFDS shards: <builder version dir>/tokenized), or, when the data directory
-    cannot be written (a shared or read-only dataset), the user's cache directory.
-
-    Train shards live in pile/train and the val/test splits in pile/, so both map
-    to the same pile/tokenized root (each file set gets its own hashed subdir).
-    """
-    parent = Path(files[0]).resolve().parent
-    if parent.name == "train":
-        parent = parent.parent
-    beside = parent / "tokenized"
-    if os.access(beside if beside.is_dir() else parent, os.W_OK):
-        return beside
-    fallback = user_cache_dir("tokenized")
-    logging.warning("%s is not writable; caching tokenized data in %s (--cache_dir to choose)",
-                    parent, fallback)
-    return fallback

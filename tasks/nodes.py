@@ -16,13 +16,23 @@ from tasks.vocab import check_vocab_size
 
 
 def vocabulary(*, vocab_path, vocab_size: int,
-               weights_vocab: tuple[int, str] | None = None) -> Tokenizer:
+               weights_vocab: tuple[int, str] | None = None, add_bos: bool | None = None,
+               add_eos: bool = True) -> Tokenizer:
     """The tokenizer at `vocab_path` (a SentencePiece .model or a tokenizer.json, chosen by
     the file), checked against the model's VOCAB_SIZE and the starting weights' vocabulary
-    (DataSettings.weights_vocab)."""
-    tokenizer = load_tokenizer(vocab_path)
+    (DataSettings.weights_vocab), framing documents as ADD_BOS and ADD_EOS say."""
+    tokenizer = load_tokenizer(vocab_path, add_bos, add_eos)
     check_vocab_size(tokenizer, vocab_size, weights_vocab)
     return tokenizer
+
+
+def tokenizer_node(settings: DataSettings, vocab_path) -> fdl.Config:
+    """The graph node of the tokenizer at `vocab_path` (a path or a node giving one) for a
+    run with these settings: the one object every input, evaluation, decode and export of
+    the run encodes with."""
+    return fdl.Config(vocabulary, vocab_path=vocab_path, vocab_size=settings.vocab_size,
+                      weights_vocab=settings.weights_vocab, add_bos=settings.add_bos,
+                      add_eos=settings.add_eos)
 
 
 def lambada_evaluation(settings: DataSettings, data_dir, tokenizer, max_examples: int):

@@ -25,6 +25,12 @@ The packing convention (used by training, Pile eval and the raw reader alike):
   So every token is still a label exactly once, in order, and documents are split
   only where the rows' length splits them. Up to the first cut the rows are those
   without a bound, so a bound that cuts no row changes no row.
+
+That is Pax's framing. Under ADD_BOS (paxloom/core/framing.py) every document brings a
+BOS of its own, `BOS doc EOS` (or `BOS doc`), and nothing leads the stream: the same rows,
+with the BOS in the EOS's place as the token that opens a segment (`eos_id` below is that
+token, Framing.start_id; `lead=False`), and a BOS label gets weight 0
+(`unlabelled_id`): no document's start is predicted from the one before it.
 """
 
 from collections.abc import Iterable, Iterator
@@ -59,13 +65,16 @@ def segments_from_eos(
     return segment_ids, segment_pos
 
 
-def make_batch(rows: np.ndarray, lengths: np.ndarray, eos_id: int, packed: bool = True) -> dict:
+def make_batch(rows: np.ndarray, lengths: np.ndarray, eos_id: int, packed: bool = True,
+               unlabelled_id: int | None = None) -> dict:
     """The batch dict for token rows.
 
     rows: [R, L+1] token ids (any int dtype), positions >= lengths[r] are padding.
     lengths: [R] real tokens per row, in 0..L+1 (a row of n tokens gives n-1 labels).
+    eos_id: the token that opens a segment (Framing.start_id: EOS, or the BOS).
     packed: segments from EOS positions; otherwise one segment per row (segment
       id 1, positions 0..n-2) for rows that each hold one document.
+    unlabelled_id: labels equal to it get weight 0 (Framing.unlabelled_id: the BOS).
     Returns ids, labels, segment_ids, segment_pos: [R, L] int32; weights, paddings: [R, L] float32.
     """
     rows = np.asarray(rows)
@@ -76,6 +85,8 @@ def make_batch(rows: np.ndarray, lengths: np.ndarray, eos_id: int, packed: bool 
     ids = np.where(real, rows[:, :-1], PAD_ID).astype(np.int32)  # [R, L]
     labels = np.where(real, rows[:, 1:], PAD_ID).astype(np.int32)  # [R, L]
     weights = real.astype(np.float32)  # [R, L]
+    if unlabelled_id is not None:
+        weights = np.where(labels == unlabelled_id, 0.0, weights).astype(np.float32)
     if packed:
         segment_ids, segment_pos = segments_from_eos(ids, eos_id, label_len)
     else:
@@ -87,7 +98,7 @@ def make_batch(rows: np.ndarray, lengths: np.ndarray, eos_id: int, packed: bool 
         "ids": ids,
         "labels": labels,
         "weights": weights,
-        "paddings": 1.0 - weights,
+        "paddings": 1.0 - real.astype(np.float32),
         "segment_ids": segment_ids,
         "segment_pos": segment_pos,
     }
@@ -143,11 +154,13 @@ def _cut(ids: np.ndarray, eos_id: int, max_documents: int, max_segments: int) ->
 
 def pack_documents(
     docs: Iterable[np.ndarray], seq_len: int, eos_id: int, keep_last_partial: bool = False,
-    max_segments: int = 0,
+    max_segments: int = 0, lead: bool = True,
 ) -> Iterator[tuple[np.ndarray, int]]:
-    """Pack tokenized documents (each already ending in EOS) into rows.
+    """Pack tokenized documents (each already framed: ending in EOS, or starting with the
+    BOS `eos_id` when not `lead`) into rows.
 
     Yields (row [L+1], n_real): rows follow the convention in the module docstring.
+    lead: one `eos_id` before the first document (Framing.leads).
     The final partial row (fewer than L+1 tokens) is dropped unless
     keep_last_partial, in which case it comes padded with its real length.
     max_segments: the segment bound M (0: none; else at least 2); rows it cuts come
@@ -164,7 +177,7 @@ def pack_documents(
 
     buf = np.empty(max(4 * width, 1 << 16), np.int64)
     buf[0] = eos_id  # the leading EOS: the first document's first token gets a label too
-    n = 1
+    n = 1 if lead else 0
     for doc in docs:
         doc = np.asarray(doc)
         if n + len(doc) > len(buf):

@@ -8,26 +8,37 @@ a SentencePiece model or a Hugging Face tokenizer.json (tasks/tokenizer.py). For
 source files, a tokenizer and a text format, the cache directory is
 
     <cache_root>/<key>/                  key = hash(tokenizer, text format, source
-                                               names+sizes+mtimes)
+                                               absolute paths+sizes+mtimes)
         000-00.jsonl.zst.tokens.npy      [num_tokens] uint16 (uint32 if vocab > 65536): each
-                                         document's ids followed by EOS, documents in file order
+                                         document's ids followed by EOS (framed as the
+                                         tokenizer's `framing` says: a BOS first under
+                                         ADD_BOS, which is then part of the key), documents
+                                         in file order
         000-00.jsonl.zst.docs.npy        [num_docs] int64: end offset (exclusive) of each document
         000-00.jsonl.zst.json            per-file counts; written last, so it marks the file done
         manifest.json                    the whole set; written when every file is done
 
+<cache_root> is --cache_dir, else $PAXLOOM_TOKEN_CACHE_DIR, else ~/.cache/paxloom/tokenized
+(paxloom/core/user_cache.py), never the data's own directory: on a cluster that is often
+shared or read-only. The key holds each source's absolute path, so corpora of the same file
+names in two directories never share an entry.
+
 Every file is written under a temporary name and os.replace'd into place, so an
 interrupted prepare never leaves a half shard; rerunning resumes with the files
-that are not done yet (a Pile shard takes a while). Several processes preparing
-the same set at once is safe (same bytes, atomic renames), only wasteful: for
-multi-host runs, prepare once on shared storage before launching.
+that are not done yet (a Pile shard takes a while). In a multi-process job (jax.distributed)
+process 0 tokenizes while the others wait for it, then read its shards; a process that
+does not see them (a cache directory local to each node) tokenizes its own copy. Several
+processes preparing the same set at once is safe anyway (same bytes, atomic renames).
 """
 
 import dataclasses
 import gc
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -35,6 +46,8 @@ import numpy as np
 from absl import flags, logging
 
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
+from paxloom.core.user_cache import TOKEN_CACHE_ENV, token_cache_dir
 from tasks import layout
 from tasks.progress import Progress
 from tasks.text_formats import ReadStats, TextFormat
@@ -108,17 +121,20 @@ class PreparedFile:
 def cache_key(files, vocab: Tokenizer, text_format: TextFormat = _DEFAULT_FORMAT) -> str:
     """Hash of everything the shards depend on: the tokenizer's bytes (and, for a Hugging
     Face tokenizer, its EOS, which tokenizer_config.json may choose), the text format,
-    source names, sizes, mtimes. The default format and a SentencePiece model add nothing,
-    so caches made before formats existed stay valid."""
+    the sources' absolute paths, sizes and mtimes (one cache directory serves every
+    corpus)."""
     h = hashlib.sha256()
     h.update(f"v{FORMAT_VERSION}\n{vocab.sha256}\n".encode())
     if not isinstance(vocab, Vocabulary):
         h.update(f"{type(vocab).__name__} eos={vocab.eos_id}\n".encode())
+    framing = framing_of(vocab)
+    if framing.bos_id is not None:  # ADD_BOS, ADD_EOS; Pax's framing adds nothing
+        h.update(f"bos={framing.bos_id} add_eos={framing.add_eos}\n".encode())
     if text_format != _DEFAULT_FORMAT:
         h.update(f"{json.dumps(dataclasses.asdict(text_format), sort_keys=True)}\n".encode())
     for path in files:
         st = os.stat(path)
-        h.update(f"{Path(path).name}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        h.update(f"{Path(path).resolve()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:20]
 
 
@@ -147,7 +163,7 @@ def _prepare_one(
     out = Path(out_dir)
     stem = _stem(index, source)
     stats = ReadStats(source)
-    eos = vocab.eos_id
+    framing = framing_of(vocab)
     tokens = _NpyAppender(out / f"{stem}.tokens.npy", token_dtype(vocab.vocab_size))
     docs = _NpyAppender(out / f"{stem}.docs.npy", np.int64)
     try:
@@ -158,8 +174,7 @@ def _prepare_one(
             flat: list[int] = []
             ends = np.empty(len(encoded), np.int64)
             for i, ids in enumerate(encoded):
-                flat.extend(ids)
-                flat.append(eos)
+                flat.extend(framing.document(ids))
                 ends[i] = len(flat)
             docs.append(ends + tokens.count)
             tokens.append(np.asarray(flat))
@@ -218,33 +233,11 @@ def prepare(
     for f in files:
         if not os.path.isfile(f):
             raise UserError(f"{f} does not exist; check --data_dir")
-    cache_root = Path(cache_root) if cache_root else layout.default_cache_dir(files)
+    cache_root = Path(cache_root) if cache_root else token_cache_dir()
     out_dir = cache_root / cache_key(files, vocab, text_format)
-    manifest_path = out_dir / "manifest.json"
-    if not manifest_path.is_file():
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(
-                f"cannot create the token cache {out_dir} ({e.strerror}); pass a writable cache directory "
-                "(--cache_dir) or prepare on a machine that can write there"
-            ) from None
-        _prepare_missing(files, vocab, out_dir, workers, progress, text_format)
-        infos = [
-            json.loads((out_dir / f"{_stem(i, f)}.json").read_text()) for i, f in enumerate(files)
-        ]
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "vocab_path": str(vocab.path),
-            "vocab_sha256": vocab.sha256,
-            "vocab_size": vocab.vocab_size,
-            "eos_id": vocab.eos_id,
-            "text_format": dataclasses.asdict(text_format),
-            "dtype": token_dtype(vocab.vocab_size).str,
-            "files": infos,
-        }
-        _write_json_atomic(manifest_path, manifest)
-    manifest = json.loads(manifest_path.read_text())
+    _on_process_zero_first(out_dir, lambda: _tokenize(files, vocab, out_dir, workers, progress,
+                                                       text_format))
+    manifest = json.loads((out_dir / "manifest.json").read_text())
     return [
         PreparedFile(
             info["source"],
@@ -255,6 +248,85 @@ def prepare(
         )
         for info in manifest["files"]
     ]
+
+
+# Which of this process's prepare() calls this is: the key of process 0's answer that the
+# others wait for (every process of a job prepares its sets in the same order).
+_ROUNDS = itertools.count(1)
+# How long the other processes wait for process 0 to tokenize (The Pile takes hours).
+_WAIT_S = 7 * 24 * 3600
+
+
+def _jax_job():
+    """jax's record of a multi-process job (jax.distributed started), or None. Read where
+    jax is already imported: `python -m tasks.prepare` and the tests need no jax."""
+    distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(distributed, "global_state", None)
+    if state is None or state.client is None or (state.num_processes or 1) <= 1:
+        return None
+    return state
+
+
+def _on_process_zero_first(out_dir: Path, tokenize) -> None:
+    """`tokenize()` on process 0 while the other processes of a multi-process job wait for
+    it (jax.distributed's key-value store, not a device collective: tokenizing may take
+    hours). A process that then finds no manifest.json (a cache directory local to each
+    node, not the one process 0 wrote) tokenizes its own copy. A failure on process 0 ends
+    the others too, with its message."""
+    job = _jax_job()
+    if job is None:
+        tokenize()
+        return
+    key = f"paxloom/token_cache/{next(_ROUNDS)}"
+    if job.process_id == 0:
+        try:
+            tokenize()
+        except BaseException as error:
+            reason = str(error) if isinstance(error, UserError) else type(error).__name__
+            job.client.key_value_set(key, f"error: {reason}")
+            raise
+        job.client.key_value_set(key, f"done: {out_dir.name}")
+        return
+    status = job.client.blocking_key_value_get(key, _WAIT_S * 1000)
+    if status.startswith("error: "):
+        raise UserError(f"process 0 could not tokenize the training data: {status[7:]}")
+    if not (out_dir / "manifest.json").is_file():
+        # Another cache entry than process 0's (the data at other paths), or the same one in
+        # a cache directory local to each node.
+        logging.warning("process %d does not see process 0's token cache (%s here; process "
+                        "0's entry: %s): tokenizing its own copy", job.process_id, out_dir,
+                        status.removeprefix("done: "))
+        tokenize()
+
+
+def _tokenize(files: list[str], vocab: Tokenizer, out_dir: Path, workers, progress: bool,
+              text_format: TextFormat) -> None:
+    """Tokenize what of `files` is not yet in `out_dir`, then write its manifest.json."""
+    manifest_path = out_dir / "manifest.json"
+    if manifest_path.is_file():
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"cannot create the token cache {out_dir} ({e.strerror}); pass a writable cache "
+            f"directory (--cache_dir or ${TOKEN_CACHE_ENV})"
+        ) from None
+    _prepare_missing(files, vocab, out_dir, workers, progress, text_format)
+    infos = [
+        json.loads((out_dir / f"{_stem(i, f)}.json").read_text()) for i, f in enumerate(files)
+    ]
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "vocab_path": str(vocab.path),
+        "vocab_sha256": vocab.sha256,
+        "vocab_size": vocab.vocab_size,
+        "eos_id": vocab.eos_id,
+        "text_format": dataclasses.asdict(text_format),
+        "dtype": token_dtype(vocab.vocab_size).str,
+        "files": infos,
+    }
+    _write_json_atomic(manifest_path, manifest)
 
 
 def _prepare_missing(
@@ -268,6 +340,8 @@ def _prepare_missing(
     workers = max(1, min(workers or cpus, len(todo)))
     threads = max(1, cpus // workers)
     logging.info("tokenizing %d file(s) into %s with %d worker(s)", len(todo), out_dir, workers)
+    if show_progress:  # where the tokens go, before the progress lines
+        print(f"token cache: {out_dir}", file=sys.stderr, flush=True)
     # Spawned, not forked: the caller may be a jax process with live threads.
     ctx = multiprocessing.get_context("spawn")
     progress = ctx.Array("q", len(files), lock=False)
@@ -341,7 +415,8 @@ if __name__ == "__main__":
         "vocab_path", os.environ.get("VOCAB_PATH"), "SentencePiece .model file or Hugging Face tokenizer.json (or $VOCAB_PATH)."
     )
     flags.DEFINE_string(
-        "cache_dir", None, "Root of the token cache (default <data_dir>/pile/tokenized)."
+        "cache_dir", None, "Root of the token cache (default $PAXLOOM_TOKEN_CACHE_DIR, else "
+        "~/.cache/paxloom/tokenized)."
     )
     flags.DEFINE_integer(
         "workers", None, "Tokenizer processes (default: one per CPU, at most one per file)."

@@ -18,7 +18,8 @@ cache, packing, shuffling, exact resume) is the shared input pipeline's
 (tasks/input_pipeline.py).
 
 `--fdl.DATASET="text"` trains on the files under --data_dir with --vocab_path's
-tokenizer, with no code.
+tokenizer, with no code; `--fdl.TEXT_FIELD=content` reads the text of training and
+validation files alike from another key or column (a `text_field` given in code wins).
 """
 
 import dataclasses
@@ -31,7 +32,7 @@ from paxloom.core.data import DataSettings
 from paxloom.core.errors import UserError
 from tasks import evaluations
 from tasks.input_pipeline import PileEvalInput, PileTrainInput
-from tasks.nodes import lambada_evaluation, required_data_dir, vocabulary
+from tasks.nodes import lambada_evaluation, required_data_dir, tokenizer_node
 from tasks.text_formats import TextFormat, expand_files
 
 
@@ -65,7 +66,7 @@ class TextFiles:
     validation: str | tuple[str, ...] = ""  # separate validation files
     validation_fraction: float = 0.0  # or: this share of the training documents, held out
     tokenizer_path: str = ""  # a .model or tokenizer.json; "": --vocab_path
-    text_field: str = "text"  # jsonl key, parquet/Arrow column
+    text_field: str = ""  # jsonl key, parquet/Arrow column; "": TEXT_FIELD's (default "text")
     txt_documents: str = "file"  # .txt: "file" or "blank_line"
     lambada_dir: str = ""  # LAMBADA_EVAL: a directory with lambada/; "": --data_dir
 
@@ -79,10 +80,11 @@ class TextFiles:
         if self.validation and self.validation_fraction:
             raise UserError("TextFiles: give validation files or a validation_fraction, not "
                             "both")
-        TextFormat(self.text_field, self.txt_documents)  # checks both now, in one line
+        TextFormat(self.text_field or "text", self.txt_documents)  # checks both now, in one line
 
-    # VALIDATION_FILES and VALIDATION_FRACTION (core.data.DataSettings) apply here.
+    # VALIDATION_FILES, VALIDATION_FRACTION and TEXT_FIELD (core.data.DataSettings) apply here.
     takes_validation = True
+    takes_text_field = True
 
     def _validation(self, settings: DataSettings) -> tuple[str | tuple[str, ...], float]:
         """(validation files, held-out fraction): this dataset's own, else the settings'."""
@@ -90,28 +92,42 @@ class TextFiles:
             return self.validation, self.validation_fraction
         return settings.validation_files or "", settings.validation_fraction
 
-    def _format(self, keep: str, fraction: float):
-        """The format's graph node: the training or held-out documents."""
+    def _text_field(self, settings: DataSettings) -> str:
+        """The key or column of the text: this dataset's own, else TEXT_FIELD."""
+        if not self.text_field:
+            return settings.text_field
+        if settings.text_field not in ("text", self.text_field):
+            raise UserError(f"TEXT_FIELD={settings.text_field!r}, but the experiment's "
+                            f"TextFiles(text_field={self.text_field!r}) names its own; set one "
+                            f"of them")
+        return self.text_field
+
+    @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
+    def _formats(self, settings: DataSettings):
+        """(training format, validation format) nodes, both of the one text field: a single
+        node read by training and validation alike, unless a held-out fraction splits the
+        documents between them."""
+        field, fraction = self._text_field(settings), self._validation(settings)[1]
         if not fraction:
-            return fdl.Config(TextFormat, self.text_field, self.txt_documents)
-        return fdl.Config(HeldOutFormat, self.text_field, self.txt_documents,
-                          validation_fraction=fraction, keep=keep)
+            shared = fdl.Config(TextFormat, field, self.txt_documents)
+            return shared, shared
+        return tuple(fdl.Config(HeldOutFormat, field, self.txt_documents,
+                                validation_fraction=fraction, keep=keep)
+                     for keep in ("train", "validation"))
 
     @functools.cache  # noqa: B019  (frozen, hashable instances: one set of nodes each)
     def _nodes(self, settings: DataSettings):
         """(train files, tokenizer) nodes, shared by every input so each is built once."""
         train = self.train or fdl.Config(required_data_dir, settings.data_dir, "text")
         return (fdl.Config(expand_files, train),
-                fdl.Config(vocabulary, vocab_path=self.tokenizer_path or settings.vocab_path,
-                           vocab_size=settings.vocab_size,
-                           weights_vocab=settings.weights_vocab))
+                tokenizer_node(settings, self.tokenizer_path or settings.vocab_path))
 
     def train_input(self, settings: DataSettings):
         files, tokenizer = self._nodes(settings)
         return fdl.Partial(text_train_input, files=files, vocab=tokenizer,
                            seq_len=settings.seq_len, seed=settings.seed, packed=settings.packed,
                            max_segments=settings.max_segments, cache_dir=settings.cache_dir,
-                           text_format=self._format("train", self._validation(settings)[1]))
+                           text_format=self._formats(settings)[0])
 
     def evaluations(self, settings: DataSettings):
         files, tokenizer = self._nodes(settings)
@@ -126,7 +142,7 @@ class TextFiles:
                                        seq_len=settings.seq_len,
                                        num_batches=settings.eval_batches,
                                        max_segments=settings.max_segments,
-                                       text_format=self._format("validation", fraction))))
+                                       text_format=self._formats(settings)[1])))
         if settings.lambada_eval:
             data_dir = self.lambada_dir or fdl.Config(required_data_dir, settings.data_dir)
             evals.append(lambada_evaluation(settings, data_dir, tokenizer,

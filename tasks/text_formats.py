@@ -89,6 +89,10 @@ class ReadStats:
     non_string_text: int = 0
     empty_text: int = 0
     field: str = "text"  # the text field's name, for the messages
+    # The keys of the JSON objects that lack the field (the first few, in order) and the
+    # first of them that holds a string: what a wrong TEXT_FIELD's message names.
+    other_keys: list = dataclasses.field(default_factory=list)
+    string_key: str | None = None
 
     @property
     def skipped(self) -> int:
@@ -183,6 +187,10 @@ def _check_counts(path: Path, stats: ReadStats, suffix: str) -> None:
         logging.warning("%s", stats.summary())
     if stats.docs == 0:
         field = stats.field
+        if (suffix not in (".txt", "tfrecord") and stats.other_keys
+                and stats.missing_text == stats.skipped - stats.malformed_json):
+            raise UserError(f"{path} has no {field!r} key in any line (its keys: "
+                            f"{_names(stats.other_keys)}); {_set_text_field(stats.string_key)}")
         if suffix == ".txt":
             need = "a .txt file must hold some text"
         elif suffix in (".parquet", ".arrow"):
@@ -190,10 +198,19 @@ def _check_counts(path: Path, stats: ReadStats, suffix: str) -> None:
         elif suffix == "tfrecord":
             need = "each record must have a non-empty 'text' feature"
         else:
-            need = f"each line must be a JSON object with a non-empty '{field}' string"
-            if field == "text":
-                need += " (set text_field if the text is under another key)"
+            need = (f"each line must be a JSON object with a non-empty '{field}' string "
+                    f"(TEXT_FIELD names the key)")
         raise UserError(f"{path} contains no documents ({stats.summary()}); {need}")
+
+
+def _names(names) -> str:
+    return ", ".join(repr(n) for n in names) or "none"
+
+
+def _set_text_field(example: str | None) -> str:
+    """The fix of a wrong text field: TEXT_FIELD (TextFiles' text_field in code)."""
+    return ("set TEXT_FIELD to the key or column that holds the text"
+            + (f", e.g. --fdl.TEXT_FIELD={example}" if example else ""))
 
 
 # --- jsonl, jsonl.gz, jsonl.zst ---------------------------------------------------------
@@ -283,6 +300,12 @@ def _jsonl_texts(path: Path, stats: ReadStats, field: str, with_set_name: bool) 
             _skip(stats, "malformed_json", lineno, f"not JSON ({e})")
             continue
         text = record.get(field) if isinstance(record, dict) else None
+        if text is None and isinstance(record, dict) and len(stats.other_keys) < 20:
+            stats.other_keys += [k for k in record
+                                 if k not in stats.other_keys][:20 - len(stats.other_keys)]
+            if stats.string_key is None:
+                stats.string_key = next((k for k, v in record.items() if isinstance(v, str)),
+                                        None)
         if not _text_or_skip(stats, text, lineno):
             continue
         if with_set_name:
@@ -330,14 +353,13 @@ def _is_text_type(pa, type_) -> bool:
 
 def _check_column(pa, path: Path, schema, field: str) -> None:
     names = list(schema.names)
+    strings = [n for n in names if n != field and _is_text_type(pa, schema.field(n).type)]
+    fix = _set_text_field(strings[0] if strings else None)
     if field not in names:
-        have = ", ".join(repr(n) for n in names) or "none"
-        raise UserError(f"{path} has no column {field!r} (its columns: {have}); set text_field "
-                        "to the column that holds the text")
+        raise UserError(f"{path} has no column {field!r} (its columns: {_names(names)}); {fix}")
     type_ = schema.field(field).type
     if not _is_text_type(pa, type_):
-        raise UserError(f"column {field!r} of {path} holds {type_}, not strings; set text_field "
-                        "to the column that holds the text")
+        raise UserError(f"column {field!r} of {path} holds {type_}, not strings; {fix}")
 
 
 def _arrow_texts(path: Path, stats: ReadStats, field: str, suffix: str) -> Iterator[str]:

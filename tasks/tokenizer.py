@@ -12,27 +12,32 @@ Both have the core.data.Tokenizer methods and `path`, `sha256`, `vocab_size`,
 `eos_id`, `pad_id`, and both pickle as their bytes, so prepare's worker processes see
 exactly the loaded tokenizer.
 
-BOS and EOS: the data layer never adds a BOS. It appends `eos_id` after every document,
-and that EOS, as the input token, starts the next document's segment: it plays BOS (see
-tasks/vocab.py and tasks/packing.py). So HFTokenizer encodes with
-`add_special_tokens=False`: a tokenizer.json whose post-processor adds `<s>`/`[CLS]`/
-`<|begin_of_text|>` (or an EOS) would otherwise put them inside every document. Its EOS
-is the `eos_token` of a `tokenizer_config.json` beside the file when there is one, else
-the first of EOS_CANDIDATES the vocabulary has; a tokenizer without any is refused.
-`decode` skips special tokens. Padding is id 0 (PAD_ID) in batches whatever token 0 is:
-padded positions have weight 0 and are never trained on.
+BOS and EOS: `encode` gives a text's own tokens; the tokens around a document are its
+`framing` (paxloom/core/framing.py), which ADD_BOS and ADD_EOS decide when the tokenizer is
+loaded: Pax's EOS after every document, that EOS starting the next document's segment (it
+plays BOS), or a BOS before every document. So HFTokenizer encodes with
+`add_special_tokens=False`, and ADD_BOS's default (None) is what the tokenizer.json's own
+post-processor does: a BOS when it puts one first (Llama 3's `<|begin_of_text|>`), else
+Pax's framing. Its EOS is the `eos_token` of a `tokenizer_config.json` beside the file
+when there is one, else the first of EOS_CANDIDATES the vocabulary has; a tokenizer
+without any is refused. Its BOS is the token its post-processor puts first, else that
+file's `bos_token`. `decode` skips special tokens. Padding is id 0 (PAD_ID) in batches
+whatever token 0 is: padded positions have weight 0 and are never trained on.
 """
 
 import hashlib
 import json
 from pathlib import Path
 
+from paxloom.core import framing as framings
 from paxloom.core.errors import UserError
 from tasks.vocab import PAD_ID, Vocabulary, load_vocabulary
 
 # Tried in order when no tokenizer_config.json names the EOS token.
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>")
 _KINDS = "a SentencePiece .model file or a Hugging Face tokenizer.json (file or directory)"
+# Encoded with and without the post-processor's special tokens, to see what it adds.
+_TEMPLATE_PROBE = "Hello world"
 
 
 def _tokenizers(path):
@@ -50,10 +55,13 @@ def _one_line(error: BaseException) -> str:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer.json. Picklable (it pickles as its bytes and
-    its chosen EOS token)."""
+    """A Hugging Face `tokenizers` tokenizer.json, framing documents as ADD_BOS (`add_bos`;
+    None: as its post-processor does) and ADD_EOS say (`framing`). Picklable (it pickles as
+    its bytes, its chosen EOS and BOS tokens and the framing's settings)."""
 
-    def __init__(self, path, data: bytes, eos_token: str | None = None):
+    def __init__(self, path, data: bytes, eos_token: str | None = None,
+                 add_bos: bool | None = None, add_eos: bool = True,
+                 bos_token: str | None = None):
         self.path = Path(path)
         self._data = data
         self.sha256 = hashlib.sha256(data).hexdigest()
@@ -74,11 +82,27 @@ class HFTokenizer:
                             "add an EOS token to the tokenizer or fix eos_token in "
                             "tokenizer_config.json")
         self._eos = int(eos)
+        # What the post-processor adds around a text: ([ids before], [ids after]), or None
+        # when its output does not hold the text's own ids in one piece.
+        self.template = _template(self._tok)
+        first = self.template[0][0] if self.template and self.template[0] else None
+        template_bos = first is not None and first != self._eos
+        if bos_token is None:
+            bos_token = (self._tok.id_to_token(first) if template_bos
+                         else _config_token(self.path, "bos_token"))
+        bos = None if bos_token is None else self._tok.token_to_id(bos_token)
+        self.bos_token = bos_token if bos is not None else None
+        self._bos = None if bos is None else int(bos)
+        self._framing_args = (add_bos, add_eos)
+        self.framing = framings.resolve(str(self.path), eos_id=self._eos, bos_id=self._bos,
+                                        template_bos=template_bos, add_bos=add_bos,
+                                        add_eos=add_eos)
 
     def __reduce__(self):
         # Worker processes rebuild from the bytes, so they see exactly this tokenizer even
         # if the file (or tokenizer_config.json) is replaced meanwhile.
-        return (HFTokenizer, (self.path, self._data, self.eos_token))
+        return (HFTokenizer, (self.path, self._data, self.eos_token, *self._framing_args,
+                              self.bos_token))
 
     @property
     def vocab_size(self) -> int:
@@ -87,6 +111,10 @@ class HFTokenizer:
     @property
     def eos_id(self) -> int:
         return self._eos
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos
 
     @property
     def pad_id(self) -> int:
@@ -112,20 +140,38 @@ class HFTokenizer:
                 f"eos={self.eos_token!r})")
 
 
+def _template(tok) -> tuple[list[int], list[int]] | None:
+    """(ids the post-processor puts before a text, ids after it), or None when its output
+    does not hold the text's own ids in one piece."""
+    plain = tok.encode(_TEMPLATE_PROBE, add_special_tokens=False).ids
+    full = tok.encode(_TEMPLATE_PROBE, add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start], full[start + len(plain):]
+    return None
+
+
+def _config_token(path: Path, key: str) -> str | None:
+    """The token `key` (eos_token, bos_token) of the tokenizer_config.json beside `path`."""
+    config_path = path.parent / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{config_path} is not readable JSON ({_one_line(e)}); fix or remove "
+                        "it") from None
+    token = config.get(key) if isinstance(config, dict) else None
+    if isinstance(token, dict):  # older files store an AddedToken: {"content": ...}
+        token = token.get("content")
+    return token if isinstance(token, str) and token else None
+
+
 def _eos_token(path: Path, vocab: dict[str, int]) -> str:
     """The EOS token: tokenizer_config.json's eos_token, else the first EOS_CANDIDATES present."""
-    config_path = path.parent / "tokenizer_config.json"
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise UserError(f"{config_path} is not readable JSON ({_one_line(e)}); fix or remove "
-                            "it") from None
-        token = config.get("eos_token") if isinstance(config, dict) else None
-        if isinstance(token, dict):  # older files store an AddedToken: {"content": ...}
-            token = token.get("content")
-        if isinstance(token, str) and token:
-            return token
+    token = _config_token(path, "eos_token")
+    if token is not None:
+        return token
     for token in EOS_CANDIDATES:
         if token in vocab:
             return token
@@ -151,8 +197,10 @@ def _kind_of(path: Path) -> str | None:
     return None
 
 
-def load_tokenizer(path) -> Vocabulary | HFTokenizer:
-    """Load the tokenizer at `path` (see the module docstring); UserError when it cannot be."""
+def load_tokenizer(path, add_bos: bool | None = None, add_eos: bool = True
+                   ) -> Vocabulary | HFTokenizer:
+    """Load the tokenizer at `path` (see the module docstring), framing documents as
+    `add_bos` and `add_eos` say (ADD_BOS, ADD_EOS); UserError when it cannot be."""
     hint = f"set VOCAB_PATH / --vocab_path to {_KINDS}"
     if not path:
         raise UserError(f"no vocabulary given; {hint}")
@@ -165,7 +213,7 @@ def load_tokenizer(path) -> Vocabulary | HFTokenizer:
         raise UserError(f"tokenizer {path} does not exist; {hint}")
     kind = _kind_of(path)
     if kind == "sentencepiece":
-        return load_vocabulary(path)
+        return load_vocabulary(path, add_bos, add_eos)
     if kind != "json":
         raise UserError(f"tokenizer {path} is not {_KINDS}; {hint}")
     _tokenizers(path)
@@ -173,4 +221,4 @@ def load_tokenizer(path) -> Vocabulary | HFTokenizer:
         data = path.read_bytes()
     except OSError as e:
         raise UserError(f"tokenizer {path} is not readable ({e.strerror}); {hint}") from None
-    return HFTokenizer(path, data)
+    return HFTokenizer(path, data, add_bos=add_bos, add_eos=add_eos)

@@ -3,7 +3,9 @@ Hugging Face tokenizer.json files are loaded by tasks/tokenizer.py, with the sam
 
 Ids used by the data layer:
 - `eos_id` is the model's EOS piece. It ends every document in the packed token
-  stream and, as an input token, starts the next document's segment (it plays BOS).
+  stream and, as an input token, starts the next document's segment (it plays BOS),
+  unless ADD_BOS=True puts the model's BOS piece before every document
+  (paxloom/core/framing.py; a SentencePiece model adds none by default, as Pax's).
 - `pad_id` is always 0 in batches. Padded positions carry weight 0 and segment id
   0, so the value is never trained on; 0 is SentencePiece's (and T5/C4's) usual pad
   id, and models trained with `python -m tasks.train_vocab` reserve it for <pad>.
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from paxloom.core import framing as framings
 from paxloom.core.errors import UserError
 
 PAD_ID = 0
@@ -22,19 +25,27 @@ VOCAB_SIZE_MULTIPLE = 128
 
 
 class Vocabulary:
-    """A loaded SentencePiece model. Picklable (it pickles as its path)."""
+    """A loaded SentencePiece model, framing documents as ADD_BOS (`add_bos`; None: no BOS,
+    as Pax) and ADD_EOS say (`framing`). Picklable (it pickles as its bytes)."""
 
-    def __init__(self, path, model_proto: bytes):
+    def __init__(self, path, model_proto: bytes, add_bos: bool | None = None,
+                 add_eos: bool = True):
         self.path = Path(path)
         self._proto = model_proto
         self._sp = spm.SentencePieceProcessor()
         self._sp.LoadFromSerializedProto(model_proto)
         self.sha256 = hashlib.sha256(model_proto).hexdigest()
+        self._framing_args = (add_bos, add_eos)
+        self.framing = None  # without an EOS (load_vocabulary refuses such a model)
+        if self._sp.eos_id() >= 0:
+            self.framing = framings.resolve(
+                str(self.path), eos_id=self.eos_id, bos_id=self.bos_id, template_bos=False,
+                add_bos=add_bos, add_eos=add_eos)
 
     def __reduce__(self):
         # Worker processes reload from the bytes, so they see exactly this model
         # even if the file is replaced meanwhile.
-        return (Vocabulary, (self.path, self._proto))
+        return (Vocabulary, (self.path, self._proto, *self._framing_args))
 
     @property
     def vocab_size(self) -> int:
@@ -43,6 +54,11 @@ class Vocabulary:
     @property
     def eos_id(self) -> int:
         return self._sp.eos_id()
+
+    @property
+    def bos_id(self) -> int | None:
+        """The model's BOS piece (LLaMA's <s>), or None (Pax's models have none)."""
+        return self._sp.bos_id() if self._sp.bos_id() >= 0 else None
 
     @property
     def pad_id(self) -> int:
@@ -62,8 +78,9 @@ class Vocabulary:
         return f"Vocabulary({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
-def load_vocabulary(path) -> Vocabulary:
-    """Load a SentencePiece `.model` file; UserError if it is missing or not a model."""
+def load_vocabulary(path, add_bos: bool | None = None, add_eos: bool = True) -> Vocabulary:
+    """Load a SentencePiece `.model` file, framing documents as `add_bos` and `add_eos`
+    say (ADD_BOS, ADD_EOS); UserError if it is missing or not a model."""
     hint = "set VOCAB_PATH / --vocab_path to a SentencePiece .model file"
     if not path:
         raise UserError(f"no vocabulary given; {hint}")
@@ -74,7 +91,7 @@ def load_vocabulary(path) -> Vocabulary:
         raise UserError(f"vocabulary {path} does not exist; {hint}")
     try:
         proto = path.read_bytes()
-        vocab = Vocabulary(path, proto)
+        vocab = Vocabulary(path, proto, add_bos, add_eos)
     except (OSError, RuntimeError) as e:
         raise UserError(
             f"vocabulary {path} is not a readable SentencePiece model "

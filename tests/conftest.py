@@ -2,8 +2,8 @@
 
 Tests that start main.py in a subprocess pass this environment on: the same devices, XLA:CPU
 compiling with its cheap settings (tests are mostly compile time on 2 cores; the maths is
-unchanged), and one persistent compilation cache for the whole session, so a program that
-several runs compile is compiled once. main.py's cache is on by default, in the user's
+unchanged), one persistent compilation cache for the whole session, so a program that
+several runs compile is compiled once, and one token cache for the session's tokenized data. main.py's cache is on by default, in the user's
 ~/.cache/paxloom: a test that starts it without JAX_COMPILATION_CACHE_DIR must pass
 --jax_compilation_cache_dir (or JAX_COMPILATION_CACHE_DIR="", none) instead.
 """
@@ -21,6 +21,8 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="paxloom-jax-cache-"))
+# The token cache (tokenized data) of every run of the session: never the user's ~/.cache.
+os.environ.setdefault("PAXLOOM_TOKEN_CACHE_DIR", tempfile.mkdtemp(prefix="paxloom-tokens-"))
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:

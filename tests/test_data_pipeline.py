@@ -14,7 +14,7 @@ from tasks.prepare import cache_key, prepare
 from tasks.text_formats import iter_documents
 from tasks.vocab import load_vocabulary
 from tests.support import data as fx
-from tests.support.processes import run_python
+from tests.support.processes import run_python, session_env
 
 SEQ_LEN = 32
 G = 8
@@ -214,12 +214,13 @@ def test_eval_input_fixed_padded_and_sliced(data_dir, vocab):
 def test_prepare_command(tmp_path, vocab):
     root = fx.make_pile_dir(tmp_path / "data", num_train_files=2, docs_per_file=20)
     proc = run_python(
-        "-m", "tasks.prepare", f"--data_dir={root}", f"--vocab_path={vocab.path}", "--workers=2"
+        "-m", "tasks.prepare", f"--data_dir={root}", f"--vocab_path={vocab.path}", "--workers=2",
+        env=session_env(PAXLOOM_TOKEN_CACHE_DIR=str(tmp_path / "tokens")),
     )
     assert proc.returncode == 0, proc.stderr
     assert "prepared 2 file(s)" in proc.stdout
-    (cache,) = (root / "pile" / "tokenized").iterdir()
-    assert (cache / "manifest.json").is_file()
+    (cache,) = (tmp_path / "tokens").iterdir()  # the token cache, not the data directory
+    assert (cache / "manifest.json").is_file() and not (root / "pile" / "tokenized").exists()
     proc = run_python("-m", "tasks.prepare", f"--data_dir={root}", "--vocab_path=")
     assert proc.returncode == 2 and proc.stderr.startswith(
         "error: no vocabulary given; set VOCAB_PATH"

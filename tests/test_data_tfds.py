@@ -1,11 +1,11 @@
 """A Pax user's TFDS data directory (paxml's the_pile and my_lambada builds) as it is."""
 
-import os
 import sys
 
 import pytest
 
 from paxloom.core.errors import UserError
+from paxloom.core.user_cache import token_cache_dir
 from tasks import layout, tfds
 from tasks.lambada import read_lambada
 from tasks.text_formats import iter_documents
@@ -73,16 +73,12 @@ def test_corrupt_shard_and_missing_tensorflow_are_one_line_errors(tfds_data, tmp
         list(iter_documents(layout.pile_train_files(data_dir)[0]))
 
 
-def test_token_cache_goes_to_the_user_cache_when_the_data_is_not_writable(tmp_path,
-                                                                          monkeypatch):
-    files = [tmp_path / "the_pile" / "lm" / "1.0.0" / "the_pile-train.tfrecord-00000-of-00001"]
-    files[0].parent.mkdir(parents=True)
-    files[0].touch()
-    assert layout.default_cache_dir(files) == files[0].parent / "tokenized"
-    # (Tests run as root, where chmod cannot make a directory unwritable.)
-    monkeypatch.setattr(os, "access", lambda path, mode: False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert layout.default_cache_dir(files) == tmp_path / "cache" / "paxloom" / "tokenized"
+def test_the_token_cache_is_the_users_never_the_data_directory(tmp_path):
+    """Tokenized data go to $PAXLOOM_TOKEN_CACHE_DIR, else the user's cache, wherever the
+    data are (tests/test_token_cache.py trains from a read-only data directory)."""
+    assert token_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "paxloom" / "tokenized"
+    assert token_cache_dir({"XDG_CACHE_HOME": str(tmp_path),
+                            "PAXLOOM_TOKEN_CACHE_DIR": str(tmp_path / "t")}) == tmp_path / "t"
 
 
 @pytest.mark.slow  # 27 s; make test keeps the TFDS reads above, make test-all this run

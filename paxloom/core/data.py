@@ -67,6 +67,13 @@ class DataSettings:
     # (their `takes_validation`); a dataset's own setting wins.
     validation_files: str | None = None
     validation_fraction: float = 0.0
+    # TEXT_FIELD: the jsonl key / parquet column of the text, for datasets that take it
+    # (their `takes_text_field`); a dataset's own setting wins.
+    text_field: str = "text"
+    # ADD_BOS (None: as the tokenizer's post-processor does) and ADD_EOS: the tokens around
+    # every document (paxloom/core/framing.py), given to the tokenizer node.
+    add_bos: bool | None = None
+    add_eos: bool = True
     data_dir: str | None = None  # --data_dir, --tfds_data_dir or $TFDS_DATA_DIR
     vocab_path: str | None = None  # --vocab_path or $VOCAB_PATH
     cache_dir: str | None = None  # --cache_dir: tokenized data
@@ -94,8 +101,10 @@ class EvalInput(Protocol):
 
 
 class Tokenizer(Protocol):
-    """Text <-> ids. `eos_id` ends every document and, as an input, starts the next (it
-    plays BOS: no separate BOS is added); id 0 is padding in batches."""
+    """Text <-> ids; `encode` gives a text's own ids. The tokens around a document are the
+    tokenizer's `framing` (paxloom/core/framing.py; one without a `framing` is framed as
+    Pax's: `eos_id` ends every document and, as an input, starts the next, playing BOS);
+    id 0 is padding in batches."""
 
     vocab_size: int
     eos_id: int

@@ -25,3 +25,24 @@ def message(error: BaseException) -> str:
     while "proxy_base_exception" in vars(error):
         error = vars(error)["proxy_base_exception"]
     return str(error)
+
+
+def unknown_name(name: str, candidates, value=None, flag: bool = True) -> str:
+    """near_matches for an unknown hyperparameter, flag or field, except that a MaxText
+    spelling (per_device_batch_size, REMAT_POLICY) gets its Paxloom equivalent, with `value`
+    translated (paxloom/core/maxtext_names.py): ' (MaxText's ... is --fdl.NAME=VALUE ...)'.
+    `flag`: written as a command line's `--fdl.NAME=VALUE`, else as a class's `NAME = VALUE`."""
+    from paxloom.core import maxtext_names
+
+    found = maxtext_names.hint(name, value, flag)
+    return f" ({found})" if found else near_matches(name, candidates)
+
+
+def unknown_choice(name: str, value, choices, flag: bool = True) -> str:
+    """near_matches for a value of hyperparameter `name` that is not one of `choices`, except
+    that MaxText's value of the setting it translates (CHECKPOINT_POLICY='full', MaxText's
+    remat_policy) gets its Paxloom equivalent."""
+    from paxloom.core import maxtext_names
+
+    found = maxtext_names.value_hint(name, value, flag)
+    return f" ({found})" if found else near_matches(str(value), choices)

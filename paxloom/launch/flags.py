@@ -13,6 +13,7 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging  # also defines --alsologtostderr, --log_dir, -v, ...
 
+from paxloom.core import maxtext_names
 from paxloom.core.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -63,7 +64,8 @@ flags.DEFINE_string("data_dir", None, "Directory holding pile/ and lambada/ "
 flags.DEFINE_string("tfds_data_dir", None, "Alias of --data_dir, the flag the Pax scripts "
                     "pass; default: $TFDS_DATA_DIR.")
 flags.DEFINE_string("cache_dir", None, "Where tokenized training data is cached; default: "
-                    "beside the data when writable, else ~/.cache/paxloom.")
+                    "$PAXLOOM_TOKEN_CACHE_DIR, else ~/.cache/paxloom/tokenized (never the "
+                    "data's own directory).")
 flags.DEFINE_string("vocab_path", None, "SentencePiece model; default: $VOCAB_PATH.")
 flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per device for MFU; default: looked up "
                    "from the device kind.")
@@ -152,7 +154,7 @@ GROUPS: dict[str, dict[str, str]] = {
     "Data": {
         "data_dir": "pile/ and lambada/, your own files, or paxml's TFDS output",
         "tfds_data_dir": "--data_dir as the Pax scripts name it (default: $TFDS_DATA_DIR)",
-        "cache_dir": "tokenized data (default: beside the data, else ~/.cache/paxloom)",
+        "cache_dir": "tokenized data (default: ~/.cache/paxloom/tokenized)",
         "vocab_path": "the tokenizer (default: $VOCAB_PATH)",
     },
     "Checkpoints and evaluation": {
@@ -328,10 +330,24 @@ def parse(argv: list[str]) -> None:
     argv = ["--help" if arg == "-h" else arg for arg in argv]  # absl's own short form is -?
     try:
         positional = FLAGS(argv)
+    except flags.UnrecognizedFlagError as error:
+        # MaxText's --per_device_batch_size=4: its Paxloom spelling, not absl's near match.
+        found = maxtext_names.hint(error.flagname, _typed_value(error.flagvalue))
+        raise UserError(f"unknown flag --{error.flagname}; {found}" if found else
+                        _one_line(error)) from None
     except flags.Error as error:
         raise UserError(_one_line(error)) from None
     if len(positional) > 1:
-        raise UserError(f"unexpected argument {positional[1]!r}; flags look like --name=value")
+        key, eq, value = positional[1].partition("=")
+        found = maxtext_names.hint(key, value) if eq else None  # MaxText's key=value
+        raise UserError(f"unexpected argument {positional[1]!r}; "
+                        + (found or "flags look like --name=value"))
+
+
+def _typed_value(arg: str) -> str | None:
+    """The VALUE of an `--name=VALUE` argument as typed (None without one)."""
+    _, eq, value = arg.partition("=")
+    return value if eq else None
 
 
 def _one_line(error: flags.Error) -> str:

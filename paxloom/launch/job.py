@@ -87,8 +87,9 @@ def run(exp, options: RunOptions, config: fdl.Config | None = None):
             state = trainer.init_state() if state is None else state
             trainer.check_step_fits(state)
         if _is_primary():  # only once training is sure to start: a refused run records nothing
-            record.record_config(job_log_dir, exp, config, resumed_step,
-                                 record.run_record(options.data_locations, run_spec.tokenizer))
+            initial = run_spec.initial_weights
+            record.record_config(job_log_dir, exp, config, resumed_step, record.run_record(
+                options.data_locations, run_spec.tokenizer, initial and initial.path))
         if options.wandb_project and _is_primary():
             callbacks.append(summaries.WandbRun(options.wandb_project, job_log_dir,
                                                 exp.hyperparameters()))

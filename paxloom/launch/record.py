@@ -1,6 +1,12 @@
 """The run record: what a job directory says about the run that wrote it
 (hyperparameters.json, fiddle_graph.json/.txt, hyperparameters_history.jsonl), how a rerun,
-a decode or an evaluation reads it back, and what --print_config shows."""
+a decode, an evaluation or an export reads it back, and what --print_config shows.
+
+Beside the hyperparameters, hyperparameters.json records where the data and vocabulary
+were, the vocabulary's fingerprint and the run's `origin`: the Hugging Face model its
+weights come from (paxloom/runner/state/hf_format.py's `origin`), directly or through the
+runs it started from, so that its export gives back that model's own config entries even
+when the directory is gone."""
 
 import hashlib
 import json
@@ -158,15 +164,47 @@ def tokenizer_fingerprint(tokenizer) -> dict | None:
             "encoding_sha256": hashlib.sha256(ids.encode()).hexdigest()[:16]}
 
 
-def run_record(data_locations: dict | None, tokenizer) -> dict:
+def run_record(data_locations: dict | None, tokenizer, restore_path: str | None = None
+               ) -> dict:
     """What hyperparameters.json records beside the hyperparameters: where the data and
-    vocabulary were (the flags) and the vocabulary's fingerprint."""
+    vocabulary were (the flags), the vocabulary's fingerprint and the origin of the
+    starting weights at `restore_path` (CHECKPOINT_RESTORE_PATH), when there is one."""
     record = {"data_locations": {k: (os.path.abspath(v) if v else v)
                                  for k, v in (data_locations or {}).items()}}
     fingerprint = tokenizer_fingerprint(tokenizer)
     if fingerprint is not None:
         record["tokenizer"] = fingerprint
+    record["origin"] = origin(restore_path)
     return record
+
+
+def origin(restore_path: str | None, _seen: frozenset = frozenset()) -> dict | None:
+    """The Hugging Face model that weights at `restore_path` come from (hf_format.origin):
+    that directory itself, or the origin recorded by the Paxloom run it names (its job
+    directory, checkpoints/ or one step's directory); None for anything else (no path, a
+    Pax checkpoint, a run trained from scratch)."""
+    from paxloom.runner.state import hf_format
+
+    if not restore_path or not os.path.isdir(restore_path):
+        return None
+    if hf_format.is_hf_model_dir(restore_path):
+        return hf_format.origin(restore_path)
+    path = os.path.abspath(restore_path)
+    for where in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        found = os.path.join(where, "hyperparameters.json")
+        if os.path.isfile(found):
+            run = read_record(found)
+            return (None if run is None or found in _seen
+                    else recorded_origin(run, _seen | {found}))
+    return None
+
+
+def recorded_origin(run: dict, _seen: frozenset = frozenset()) -> dict | None:
+    """The origin of the run whose hyperparameters.json is `run`: the one it recorded, or,
+    for a record without one, that of its CHECKPOINT_RESTORE_PATH if it is still there."""
+    if "origin" in run:
+        return run["origin"]
+    return origin(run["hyperparameters"].get("CHECKPOINT_RESTORE_PATH"), _seen)
 
 
 def recorded_run(directory: str | None) -> dict | None:

@@ -12,7 +12,13 @@ positions and RMSNorm, its query/key norms and its experts). The directory holds
 config.json, model.safetensors (float32, as trained) and, for a model trained on text,
 the run's own tokenizer (its graph's `tokenizer` node, the object training encoded with) as
 tokenizer files that encode exactly as training did (paxloom/tools/hf_tokenizer.py): a
-SentencePiece model converted, a Hugging Face tokenizer.json copied. Load it with:
+SentencePiece model converted, a Hugging Face tokenizer.json copied; encodings start with
+the token training documents started with (ADD_BOS, paxloom/core/framing.py), which is
+config.json's bos_token_id. A run whose weights came from a Hugging Face model (directly or
+through the runs it started from: the run record's `origin`) gets that model's own
+max_position_embeddings, RoPE entries, EOS and pad ids back wherever the run kept what
+they describe (hf_format.with_origin); a model trained from scratch has the run's own. Load
+it with:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained("hf/tiny")
@@ -46,6 +52,7 @@ from safetensors.numpy import save_file
 import experiments
 from layers.architecture import canonical_weights
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
 from paxloom.launch import record
 from paxloom.runner.inference import model as inference
 from paxloom.runner.state import hf_format
@@ -66,7 +73,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
            vocab_path: str | None = None) -> Path:
     """Write the Hugging Face directory `output` from job_log_dir's checkpoint; return it.
     Without `vocab_path`, the vocabulary the run recorded it trained with."""
-    exp, recorded_vocab_path = _experiment(job_log_dir)
+    exp, recorded_vocab_path, origin = _experiment(job_log_dir)
     config = exp.run_config(vocab_path=vocab_path or recorded_vocab_path)  # exp stops here
     arch = inference.run_architecture(config, "export")
     target = hf_format.target(arch)
@@ -80,7 +87,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
                            restore_checkpoint_step=step, devices=[_host_device()])
     weights = canonical_weights(jax.device_get(model.params), arch)
     tokenizer = model.tokenizer
-    special = {} if tokenizer is None else {"bos_token_id": tokenizer.eos_id,
+    special = {} if tokenizer is None else {"bos_token_id": framing_of(tokenizer).start_id,
                                             "eos_token_id": tokenizer.eos_id}
     if getattr(tokenizer, "pad_id", None) is not None:
         special["pad_token_id"] = tokenizer.pad_id
@@ -90,6 +97,7 @@ def export(job_log_dir: str, output: str, step: int | None = None,
         hf_config = hf_format.llama_config(arch, model.max_seq_len)
         tensors = hf_format.llama_tensors(arch, weights)
     hf_config.update(special, architectures=[target], dtype="float32")
+    hf_config = hf_format.with_origin(hf_config, origin, arch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
@@ -99,7 +107,8 @@ def export(job_log_dir: str, output: str, step: int | None = None,
     os.chmod(out / "model.safetensors", 0o666 & ~umask)
     files = ["config.json", "model.safetensors"]
     if tokenizer is not None:
-        files += _write_tokenizer(tokenizer, out, model.max_seq_len)
+        files += _write_tokenizer(tokenizer, out,
+                                  hf_config.get("max_position_embeddings", model.max_seq_len))
     count = sum(int(np.prod(v.shape)) for v in tensors.values())
     print(f"wrote {target} ({count:,} parameters, step {model.step} of {model.checkpoint}) "
           f"to {out}: {', '.join(files)}")
@@ -123,16 +132,21 @@ def _check_creatable(out: Path, output: str) -> None:
 
 
 def _write_tokenizer(tokenizer, out: Path, max_seq_len: int) -> list[str]:
-    """The run's tokenizer as Hugging Face tokenizer files in `out`; their names. A
-    SentencePiece model (tasks/vocab.py) is converted; any other tokenizer is a Hugging Face
-    one, whose tokenizer.json (`.path`) is copied."""
+    """The run's tokenizer as Hugging Face tokenizer files in `out`, its encodings starting
+    as training documents did; their names. A SentencePiece model (tasks/vocab.py) is
+    converted; any other tokenizer is a Hugging Face one, whose tokenizer.json (`.path`) is
+    copied, its own post-processor kept when that already adds just the start token."""
     from paxloom.tools import hf_tokenizer
 
+    start = framing_of(tokenizer).start_id
     if isinstance(tokenizer, Vocabulary):
-        return hf_tokenizer.write(tokenizer.path, out, max_seq_len)
+        return hf_tokenizer.write(tokenizer.path, out, max_seq_len, start_id=start)
+    template = getattr(tokenizer, "template", None)  # tasks/tokenizer.py: (before, after)
     return hf_tokenizer.copy(tokenizer.path, out, eos_id=tokenizer.eos_id,
                              model_max_length=max_seq_len,
-                             pad_id=getattr(tokenizer, "pad_id", None))
+                             pad_id=getattr(tokenizer, "pad_id", None), start_id=start,
+                             keep_template=template is not None
+                             and list(template[0]) == [start] and not template[1])
 
 
 def _host_device():
@@ -145,8 +159,9 @@ def _host_device():
 
 
 def _experiment(job_log_dir: str):
-    """(the run's experiment on one device, the vocabulary path it recorded), from its
-    hyperparameters.json: the weights are read onto the host whatever mesh wrote them."""
+    """(the run's experiment on one device, the vocabulary path it recorded, its origin:
+    the Hugging Face model its weights come from, or None), from its hyperparameters.json:
+    the weights are read onto the host whatever mesh wrote them."""
     path = os.path.join(job_log_dir, "hyperparameters.json")
     if not os.path.isfile(path):
         raise UserError(f"--job_log_dir={job_log_dir} has no hyperparameters.json: not a "
@@ -156,7 +171,8 @@ def _experiment(job_log_dir: str):
         raise UserError(f"{path} is not a run record (its experiment and hyperparameters)")
     one_device = {"ICI_MESH_SHAPE": [1, 1, 1], "DCN_MESH_SHAPE": [1, 1, 1]}
     exp = experiments.resolve(run["experiment"])(**{**run["hyperparameters"], **one_device})
-    return exp, (run.get("data_locations") or {}).get("vocab_path")
+    return (exp, (run.get("data_locations") or {}).get("vocab_path"),
+            record.recorded_origin(run))
 
 
 def main(argv: list[str]) -> None:

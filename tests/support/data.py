@@ -291,3 +291,37 @@ def train_hf_tokenizer(tmp_path, texts, vocab_size: int = 400,
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out / "tokenizer.json"))
     return out / "tokenizer.json"
+
+
+LLAMA3_BOS, LLAMA3_EOS = "<|begin_of_text|>", "<|end_of_text|>"
+
+
+def llama3_style_tokenizer(directory, texts, vocab_size: int = 300) -> Path:
+    """A tokenizer.json as Llama 3's is made (the `tokenizers` library): byte-level BPE, its
+    special tokens after the vocabulary (<|begin_of_text|>, then <|end_of_text|>), and a
+    post-processor that puts <|begin_of_text|> first (offsets by ByteLevel, then the
+    template); beside it a tokenizer_config.json naming BOS and EOS, as the hub's has.
+    Returns the tokenizer.json's path in `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(list(texts), trainer)
+    tokenizer.add_special_tokens([LLAMA3_BOS, LLAMA3_EOS])
+    bos = tokenizer.token_to_id(LLAMA3_BOS)
+    tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{LLAMA3_BOS} $A",
+                                      pair=f"{LLAMA3_BOS} $A {LLAMA3_BOS}:1 $B:1",
+                                      special_tokens=[(LLAMA3_BOS, bos)])])
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": LLAMA3_BOS, "eos_token": LLAMA3_EOS, "model_max_length": 131072,
+        "clean_up_tokenization_spaces": True, "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_input_names": ["input_ids", "attention_mask"]}, indent=2))
+    return directory / "tokenizer.json"

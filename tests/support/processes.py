@@ -5,7 +5,8 @@ end or started in the background, and jobs of several processes.
 An environment, wherever one is taken, is the whole environment of the child:
 - session_env(): this test session's (tests/conftest.py: 8 fake CPU devices, XLA:CPU's cheap
   compile settings, one persistent compilation cache for the session), the default;
-- bare_env(): only what jax needs of it (nothing else of the caller's leaks in);
+- bare_env(): only what jax needs of it, and the session's token cache (nothing else of the
+  caller's leaks in);
 - isolated_env(devices): a clean one for a process of its own, or one of a job's, with
   `devices` fake CPU devices and no launcher (SLURM, Open MPI) variables.
 """
@@ -26,8 +27,9 @@ PYTHON = sys.executable  # the virtual environment's, which runs the tests
 TIMEOUT_S = 300  # one main.py run; 10-40 s on 2 idle cores
 JOB_TIMEOUT_S = 300  # a whole multi-process job; they take 30-90 s on 2 cores
 DISTRIBUTED_TIMEOUT_S = 120  # --distributed_timeout_s: generous, imports are slow under load
-# What a main.py subprocess with an otherwise bare environment needs of tests/conftest.py's.
-JAX_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR")
+# What a main.py subprocess with an otherwise bare environment needs of tests/conftest.py's
+# (the token cache too: tokenized data never go to the user's ~/.cache).
+JAX_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "PAXLOOM_TOKEN_CACHE_DIR")
 # Launcher variables would make jax (or runner.cluster.distributed) detect a cluster.
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI", "JAX_COORDINATOR")
 

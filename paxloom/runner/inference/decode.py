@@ -1,8 +1,9 @@
 """--mode=decode: continue prompts with a trained model, from its checkpoint.
 
 Prompts come from --prompt (repeatable) and --prompts_file (one per line, or a .jsonl file
-of {"prompt": ...} objects). Each is encoded as training encoded documents (EOS first: it
-plays BOS, tasks/packing.py), cut from the left to the model's context (MAX_SEQ_LEN), and
+of {"prompt": ...} objects). Each is encoded as training encoded documents (starting with
+the token that opens a document's segment: EOS, which plays BOS, or the BOS under ADD_BOS;
+paxloom/core/framing.py), cut from the left to the model's context (MAX_SEQ_LEN), and
 continued by paxloom/runner/inference/generate.py in batches of --decode_batch_size. Continuations go to the
 console and, with token counts and speed, to job_log_dir/decode_outputs.jsonl.
 
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 
 from paxloom.core.errors import UserError
+from paxloom.core.framing import framing_of
 from paxloom.core.log import log
 from paxloom.runner.inference import model as inference
 from paxloom.runner.inference.generate import STOPPED, SamplingOptions, make_generate
@@ -98,14 +100,15 @@ class TextTokenizer:
 
     def __init__(self, tokenizer):
         self.tokenizer, self.eos_id = tokenizer, tokenizer.eos_id
+        self.framing = framing_of(tokenizer)
 
     def encode(self, text: str) -> list[int]:
-        return [self.eos_id] + self.tokenizer.encode(text)  # as every training document starts
+        return self.framing.prompt(self.tokenizer.encode(text))  # as training documents start
 
     def continuation(self, prompt_ids: list[int], ids: list[int]) -> str:
         # Decoded together with the prompt: SentencePiece drops a leading space from a
         # text's first piece, which would glue the continuation to the prompt. (The EOS
-        # that starts a prompt decodes to nothing.)
+        # or BOS that starts a prompt decodes to nothing.)
         prompt = self.tokenizer.decode(prompt_ids)
         whole = self.tokenizer.decode(prompt_ids + ids)
         return whole[len(prompt):] if whole.startswith(prompt) else self.tokenizer.decode(ids)

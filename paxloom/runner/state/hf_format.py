@@ -6,7 +6,10 @@ but the feed-forward; with QK-norm (USE_QK_NORM, layers/qk_norm.py) Qwen3ForCaus
 or with a mixture Qwen3MoeForCausalLM, Llama's names plus q_norm and k_norm.
 
 Export (paxloom/tools/export_hf.py): `check_representable`, then `gpt2_config`/`llama_config` and
-`gpt2_tensors`/`llama_tensors` from layers/architecture.py's canonical weights.
+`gpt2_tensors`/`llama_tensors` from layers/architecture.py's canonical weights. A run that
+started from a Hugging Face model records `origin` (its config.json's ORIGIN_KEYS,
+paxloom/launch/record.py), and `with_origin` gives those entries back in the export where
+the run left what they describe as it was (the context, the RoPE's spelling, EOS and pad).
 
 Import (CHECKPOINT_RESTORE_PATH, paxloom/runner/state/initial_weights.py; paxloom/tools/import_hf.py):
 `is_hf_model_dir` recognises a directory that `save_pretrained` wrote; `hyperparameters`
@@ -252,6 +255,65 @@ def rope_parameters(arch: Architecture) -> dict:
     return {"rope_type": "default" if scaling.kind == "none" else scaling.kind,
             "rope_theta": arch.rope_max_timescale,
             **{name: getattr(scaling, name) for name in rope.PARAMETERS[scaling.kind]}}
+
+
+# config.json keys that the weights do not fix and an export would otherwise derive from the
+# run (its training length, its tokenizer): a run started from a Hugging Face model records
+# them (`origin`), and its export gives them back (`with_origin`).
+_ORIGIN_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters",
+                     "original_max_position_embeddings")
+ORIGIN_KEYS = ("model_type", "max_position_embeddings", *_ORIGIN_ROPE_KEYS, "bos_token_id",
+               "eos_token_id", "pad_token_id")
+
+
+def origin(path) -> dict:
+    """The Hugging Face model directory `path` as a run that starts from it records it: its
+    absolute path and config.json's ORIGIN_KEYS."""
+    config = _read_config(path)
+    return {"hf_dir": os.path.abspath(os.fspath(path)),
+            "config": {key: config[key] for key in ORIGIN_KEYS if key in config}}
+
+
+def with_origin(config: dict, origin: dict | None, arch: Architecture) -> dict:
+    """An export's config.json `config` (its special token ids set from the run) with the
+    entries of the model the run started from (`origin`, as `origin` gives it; None: the
+    run trained from scratch, `config` as it is) wherever the run kept what they describe:
+
+    - max_position_embeddings: the imported model's context, or the run's MAX_SEQ_LEN where
+      that is longer (a fine-tune's rows are often shorter than the model's context);
+    - RoPE: the imported keys as the checkpoint spelt them (rope_scaling and rope_theta, or
+      rope_parameters), when the run's RoPE is the same (the import refuses another; a run
+      started from that run's checkpoint may change it);
+    - eos_token_id: the imported one (a list in an instruct model) when it holds the run's;
+    - pad_token_id: the imported one (training pads with weight 0, whatever the id).
+
+    bos_token_id stays the run's: the token its documents started with (ADD_BOS)."""
+    if not origin:
+        return config
+    imported, out = origin.get("config") or {}, dict(config)
+    if target(arch) != GPT2:  # a GPT-2's n_positions is its weights' (learned positions)
+        if isinstance(imported.get("max_position_embeddings"), int):
+            out["max_position_embeddings"] = max(imported["max_position_embeddings"],
+                                                 config["max_position_embeddings"])
+        rope_keys = [key for key in _ORIGIN_ROPE_KEYS if key in imported]
+        if rope_keys and _same_rope(imported, arch):
+            out.pop("rope_parameters", None)
+            out.update({key: imported[key] for key in rope_keys})
+    eos, kept = config.get("eos_token_id"), imported.get("eos_token_id")
+    if eos is not None and (kept == eos or (isinstance(kept, list) and eos in kept)):
+        out["eos_token_id"] = kept
+    out["pad_token_id"] = imported.get("pad_token_id")
+    return out
+
+
+def _same_rope(imported: dict, arch: Architecture) -> bool:
+    """Whether the RoPE of config.json entries `imported` is the model `arch`'s."""
+    try:
+        fields = {name: value for name, _, value in _rope_fields(imported)}
+    except UserError:
+        return False
+    fields.setdefault("ROPE_SCALING_TYPE", "none")
+    return all(_arch_value(arch, name) == value for name, value in fields.items())
 
 
 def query_fold(arch: Architecture) -> float:
