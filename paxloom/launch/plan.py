@@ -226,7 +226,8 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
         lines += ["", f"Single changes that would fit {chosen.name}, each re-planned:"]
         # Each re-plan builds and compiles the step again, as long as the first plan took:
         # minutes in all for a large model, which would otherwise pass without a word.
-        count = sum(map(len, candidate_changes(p).values()))
+        kinds = candidate_changes(p)
+        count = sum(map(len, kinds.values()))
         if count:
             log(f"note: the plan does not fit {chosen.name}; planning up to {count} "
                 f"alternative{'s' if count > 1 else ''} now, at most about "
@@ -237,7 +238,7 @@ def report(exp, config: fdl.Config, variant_graph, *, compiler: str = "cpu",
         for kind, tried in found.items():
             lines += _describe_changes(kind, tried, budget)
             fitting += [c for c in tried if c.plan is not None and fits(c.plan, budget)]
-        if skipped := [kind for kind in candidate_changes(p) if kind not in found]:
+        if skipped := [kind for kind in kinds if kind not in found]:
             lines.append(f"  not re-planned, since a lower segment bound fits at the cost of a "
                          f"little padding: {', '.join(skipped)}")
         if fitting:  # the first kind's is the cheapest: the kinds are tried in that order
